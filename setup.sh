@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Idempotent setup: (re)creates .venv from requirements.lock, reusing it while the lock is unchanged.
+set -euo pipefail
+cd "$(dirname "$0")"
+PY=${PYTHON:-python3}
+stamp=.venv/.lock-sha256
+want=$(sha256sum requirements.lock pyproject.toml | sha256sum | cut -d' ' -f1)
+if [ -x .venv/bin/python ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  echo "setup: .venv is up to date with requirements.lock"
+  exit 0
+fi
+echo "setup: building .venv from requirements.lock (first time: ~3 min, ~6 GB; torch comes from the local wheel cache)"
+rm -rf .venv
+"$PY" -m venv .venv
+log=.venv/setup.log
+if ! .venv/bin/pip install --no-input -r requirements.lock >"$log" 2>&1; then
+  grep -v '^WARNING: Location' "$log" | tail -n 30; echo "setup: pip install failed (full log: $log)"; exit 1
+fi
+.venv/bin/pip install --no-input --no-deps -e . >>"$log" 2>&1 || { tail -n 30 "$log"; exit 1; }
+.venv/bin/pip check >>"$log" 2>&1 || { tail -n 30 "$log"; echo "setup: pip check failed"; exit 1; }
+echo "$want" > "$stamp"
+echo "setup: done"
