@@ -18,7 +18,9 @@ def _symmetric_cross_entropy(logits: torch.Tensor) -> torch.Tensor:
 
 def margin_matrix(margin_text_features: torch.Tensor, gamma: float) -> torch.Tensor:
     """gamma * G_bar: detached text-text cosine with a zero diagonal (paper Eq. 2)."""
-    feats = F.normalize(margin_text_features.detach().float(), dim=-1)
+    # At least fp32 (bf16 features under autocast), never lower than the input's precision.
+    feats = margin_text_features.detach()
+    feats = F.normalize(feats.to(torch.promote_types(feats.dtype, torch.float32)), dim=-1)
     boost = gamma * (feats @ feats.t())
     return boost.fill_diagonal_(0.0)
 

@@ -1,0 +1,163 @@
+"""`hnclip` command line: thin verbs over the library, called by the Snakemake rules."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from . import paths, provenance
+from .config import ParamsError, load_params
+from .io import write_json
+from .registry import Registry
+
+
+def _registry(args) -> Registry:
+    overrides = {"profile": args.profile} if args.profile else {}
+    reg = Registry(load_params(args.params, overrides), validate=False)
+    if args.threads:  # Snakemake passes the threads it granted the job; never part of a run's identity
+        reg.profile["execution"]["threads"] = args.threads
+    return reg
+
+
+# ---- verbs -------------------------------------------------------------------------------------
+def cmd_validate(args) -> int:
+    reg = _registry(args)
+    print(json.dumps(reg.summary(), indent=2))
+    return 0
+
+
+def cmd_runs(args) -> int:
+    reg = _registry(args)
+    run_ids = sorted({c.run_id for c in reg.cells(args.table)}) if args.table else sorted(reg.runs())
+    for run_id in run_ids:
+        print(run_id if not args.spec else json.dumps({"run_id": run_id, **reg.run(run_id).spec}, sort_keys=True))
+    return 0
+
+
+def cmd_data(args) -> int:
+    """Generate a synthetic dataset role (embedded profile) into the profile's data root."""
+    from .data.synthetic import dataset_fingerprint, write_dataset
+    from .jobs import dataset_generation
+    reg = _registry(args)
+    spec = dataset_generation(reg, args.dataset)
+    if spec["kind"] != "synthetic":
+        raise SystemExit(f"dataset {args.dataset!r} is a real dataset in profile {reg.profile_name!r}: "
+                         f"use `hnclip download {spec['source']}`")
+    out_dir = paths.dataset_dir(reg.profile["data_root"], args.dataset)
+    started = time.time()
+    manifests = write_dataset(out_dir, spec["variant"], spec["sizes"], spec["seed"])
+    record = provenance.record("dataset", spec=spec, wall_time_s=time.time() - started,
+                               inputs={f"manifest:{k}": v for k, v in manifests.items()},
+                               extra={"generator": dataset_fingerprint(spec["variant"], spec["sizes"], spec["seed"])})
+    write_json(out_dir / "dataset.json", record)
+    print(f"wrote {', '.join(str(p) for p in manifests.values())}")
+    return 0
+
+
+def cmd_pretrain(args) -> int:
+    from .jobs import pretrain_job
+    from .train import train
+    reg = _registry(args)
+    job = pretrain_job(reg, args.backbone or reg.backbone_name())
+    record = train(job)
+    print(f"pretrained {job.out_dir}/model.pt (final epoch: {record['history'][-1]['eval']})")
+    return 0
+
+
+def cmd_train(args) -> int:
+    from .jobs import finetune_job
+    from .train import train
+    reg = _registry(args)
+    record = train(finetune_job(reg, args.run, stop_after_steps=args.stop_after_steps))
+    print(f"trained {args.run}: {record['optimizer_steps']} steps in {record['wall_time_s']:.1f}s")
+    return 0
+
+
+def cmd_evaluate(args) -> int:
+    from .evaluate import evaluate_run
+    reg = _registry(args)
+    out = evaluate_run(reg, args.run, args.benchmark)
+    print(f"wrote {out}")
+    return 0
+
+
+def cmd_stats(args) -> int:
+    from .stats import caption_statistics
+    reg = _registry(args)
+    out = caption_statistics(reg, args.benchmark)
+    print(f"wrote {out}")
+    return 0
+
+
+def cmd_table(args) -> int:
+    from .report.build import build_table
+    reg = _registry(args)
+    for path in build_table(reg, args.table):
+        print(f"wrote {path}")
+    return 0
+
+
+def cmd_figure(args) -> int:
+    import pandas as pd
+
+    from .report.figures import FIGURES
+    reg = _registry(args)
+    kind = reg.params["tables"][args.table].get("figure")
+    if not kind:
+        raise SystemExit(f"table {args.table!r} has no figure in params.yaml")
+    frame = pd.read_csv(paths.table(args.table, "csv"))
+    labels = {name: b["label"] for name, b in reg.params["benchmarks"].items()}
+    for path in FIGURES[kind](frame, labels, paths.figure(f"{args.table}_{kind}", "png").with_suffix(""),
+                              reg.profile_name):
+        print(f"wrote {path}")
+    return 0
+
+
+# ---- parser ------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hnclip", description=__doc__)
+    parser.add_argument("--params", default="params.yaml", help="experiment registry (default: params.yaml)")
+    parser.add_argument("--profile", default=None, help="override params.yaml's profile (tiny, paper)")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: the profile's execution.threads)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    sub.add_parser("validate", help="validate params.yaml and print the run/evaluation counts")
+    p = sub.add_parser("runs", help="list the unique training runs (optionally of one table)")
+    p.add_argument("--table")
+    p.add_argument("--spec", action="store_true", help="print each run's full spec as JSON")
+    p = sub.add_parser("data", help="generate a synthetic dataset role (embedded profile)")
+    p.add_argument("dataset", help="dataset role (docci, dci, vg, urban1k) or 'pretrain'")
+    p = sub.add_parser("pretrain", help="pretrain the embedded backbone on its synthetic corpus")
+    p.add_argument("--backbone")
+    p = sub.add_parser("train", help="train one run (resumes from its last checkpoint)")
+    p.add_argument("--run", required=True)
+    p.add_argument("--stop-after-steps", type=int, default=None, help=argparse.SUPPRESS)
+    p = sub.add_parser("evaluate", help="evaluate one run on one benchmark (best and last epoch)")
+    p.add_argument("--run", required=True)
+    p.add_argument("--benchmark", required=True)
+    p = sub.add_parser("stats", help="caption geometry of a benchmark's test captions under the backbone")
+    p.add_argument("--benchmark", required=True)
+    p = sub.add_parser("table", help="build a paper table (md, tex, csv) and its figure")
+    p.add_argument("table")
+    p = sub.add_parser("figure", help="draw a table's figure (png, pdf) from its CSV")
+    p.add_argument("table")
+    return parser
+
+
+COMMANDS = {"validate": cmd_validate, "runs": cmd_runs, "data": cmd_data, "pretrain": cmd_pretrain,
+            "train": cmd_train, "evaluate": cmd_evaluate, "stats": cmd_stats, "table": cmd_table,
+            "figure": cmd_figure}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except ParamsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""Load params.yaml and validate it against workflow/schemas/params.schema.yaml.
+
+Errors name the offending key (as a dotted path) and, where the schema lists them, the allowed
+values, so a malformed registry fails before any job starts.
+"""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+SCHEMA_RELPATH = Path("workflow/schemas/params.schema.yaml")
+
+
+class ParamsError(ValueError):
+    """params.yaml is malformed; the message names the key and what is allowed."""
+
+
+def find_project_root(start: str | Path | None = None) -> Path:
+    here = Path(start or Path.cwd()).resolve()
+    for candidate in (here, *here.parents):
+        if (candidate / SCHEMA_RELPATH).is_file():
+            return candidate
+    raise ParamsError(f"no {SCHEMA_RELPATH} found above {here}; run hnclip from the project root")
+
+
+def _key_path(error: jsonschema.ValidationError) -> str:
+    return ".".join(str(part) for part in error.absolute_path) or "<top level>"
+
+
+def _allowed_values(error: jsonschema.ValidationError) -> str:
+    schema = error.schema if isinstance(error.schema, dict) else {}
+    if "enum" in schema:
+        return f"; allowed values: {schema['enum']}"
+    if "const" in schema:
+        return f"; allowed value: {schema['const']!r}"
+    if error.validator == "additionalProperties" and "properties" in schema:
+        return f"; allowed keys: {sorted(schema['properties'])}"
+    if error.validator == "propertyNames" and "enum" in schema.get("propertyNames", {}):
+        return f"; allowed keys: {schema['propertyNames']['enum']}"
+    return ""
+
+
+def _describe(error: jsonschema.ValidationError) -> str:
+    # Descend into the most specific sub-error of oneOf/anyOf/allOf so the message names a leaf key.
+    while error.context:
+        error = max(error.context, key=lambda e: len(e.absolute_path))
+    allowed = _allowed_values(error)
+    if allowed and allowed.split(": ", 1)[1] in error.message:
+        allowed = ""  # jsonschema's own message already lists them
+    return f"params.yaml: {_key_path(error)}: {error.message}{allowed}"
+
+
+def validate_params(params: Any, schema_path: str | Path | None = None) -> None:
+    schema_path = Path(schema_path) if schema_path else find_project_root() / SCHEMA_RELPATH
+    schema = yaml.safe_load(schema_path.read_text())
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = sorted(validator.iter_errors(params), key=lambda e: (len(e.absolute_path), str(e.absolute_path)))
+    if errors:
+        raise ParamsError("\n".join(_describe(error) for error in errors[:10]))
+
+
+def load_params(path: str | Path = "params.yaml", overrides: dict[str, Any] | None = None) -> dict:
+    """Read, apply dotted-key overrides (e.g. {"profile": "paper"}), validate, return the dict."""
+    path = Path(path)
+    try:
+        params = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ParamsError(f"{path} not found") from None
+    except yaml.YAMLError as exc:
+        raise ParamsError(f"{path} is not valid YAML: {exc}") from None
+    params = apply_overrides(params, overrides or {})
+    validate_params(params, find_project_root(path.parent) / SCHEMA_RELPATH)
+    return params
+
+
+def apply_overrides(params: dict, overrides: dict[str, Any]) -> dict:
+    params = copy.deepcopy(params)
+    for dotted, value in overrides.items():
+        node = params
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            if not isinstance(node.get(key), dict):
+                raise ParamsError(f"override {dotted!r}: {key!r} is not a mapping in params.yaml")
+            node = node[key]
+        node[leaf] = value
+    return params

@@ -1,0 +1,61 @@
+"""Turn registry entries into executable jobs (training runs, backbone pretraining, datasets)."""
+from __future__ import annotations
+
+from . import paths
+from .registry import Registry, make_run_id
+from .train import TrainJob
+
+PRETRAIN_ROLE = "pretrain"
+
+
+def finetune_job(reg: Registry, run_id: str, stop_after_steps: int | None = None) -> TrainJob:
+    run = reg.run(run_id)
+    backbone = reg.backbone_spec()
+    name = reg.backbone_name()
+    data_root = reg.profile["data_root"]
+    return TrainJob(
+        run_id=run_id, spec=run.spec, spec_hash=run.spec_hash,
+        init_kind=backbone["kind"], init_path=paths.backbone_weights(name, backbone["kind"], data_root),
+        model_config=backbone["model_config"],
+        train_manifest=reg.train_manifest(run.train_set),
+        eval_manifests={b: reg.test_manifest(b) for b in reg.eval_benchmarks(run.train_set)},
+        out_dir=paths.run_dir(run_id), checkpoint_dir=paths.checkpoint_dir(run_id),
+        execution=reg.profile["execution"], evaluation=reg.params["evaluation"],
+        stop_after_steps=stop_after_steps)
+
+
+def pretrain_spec(reg: Registry, name: str) -> dict:
+    backbone = reg.backbone_spec(name)
+    pre = backbone["pretrain"]
+    return {
+        "train_set": PRETRAIN_ROLE,
+        "dataset": {"kind": "synthetic", "variant": pre["variant"], "sizes": pre["sizes"], "seed": pre["data_seed"]},
+        "fraction": 1.0, "seed": pre["seed"],
+        "init": {"backbone": "scratch", "model_config": backbone["model_config"]},
+        "objective": {"framework": "full", "gamma": 0.0, "lambda_tok": 0.0, "margin": "live"},
+        "recipe": {"epochs": pre["epochs"], "micro_batch": pre["batch_size"], "grad_accum": 1, "lr": pre["lr"],
+                   "weight_decay": pre["weight_decay"], "warmup_steps": pre["warmup_steps"],
+                   "reset_logit_scale": None, "precision": "fp32"},
+    }
+
+
+def pretrain_job(reg: Registry, name: str) -> TrainJob:
+    spec = pretrain_spec(reg, name)
+    run_id, digest = make_run_id(spec)
+    data_root = reg.profile["data_root"]
+    return TrainJob(
+        run_id=f"backbone-{name}-{digest[:8]}", spec=spec, spec_hash=digest, init_kind="scratch", init_path=None,
+        model_config=spec["init"]["model_config"],
+        train_manifest=paths.manifest(data_root, PRETRAIN_ROLE, "train"),
+        eval_manifests={"pretrain_test": paths.manifest(data_root, PRETRAIN_ROLE, "test")},
+        out_dir=paths.backbone_dir(name), checkpoint_dir=paths.checkpoint_dir(f"backbone-{name}"),
+        execution={**reg.profile["execution"], "keep_epoch_weights": False}, evaluation=reg.params["evaluation"])
+
+
+def dataset_generation(reg: Registry, role: str) -> dict:
+    """What `hnclip data` must produce for a dataset role (or the pretraining corpus)."""
+    if role == PRETRAIN_ROLE:
+        spec = pretrain_spec(reg, reg.backbone_name())["dataset"]
+    else:
+        spec = reg.dataset_spec(role)
+    return spec

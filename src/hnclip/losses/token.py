@@ -1,0 +1,126 @@
+"""FILIP token-level late-interaction loss L_tok (paper §2.3, Eq. 3; Yao et al. 2021).
+
+For image i with patch tokens v_ik and caption j with non-padding tokens t_jr (both L2-normalized):
+
+    sim_i2t[i, j] = mean_k max_r cos(v_ik, t_jr)     (each patch finds its best word)
+    sim_t2i[i, j] = mean_r max_k cos(v_ik, t_jr)     (each word finds its best patch)
+
+    L_tok = ( CE(s * sim_i2t, y) + CE(s * sim_t2i^T, y) ) / 2,   y_i = i.
+
+The full B x B x P x T similarity tensor is large (B=128, P=257, T=248 is ~1e9 entries), so the
+public entry points build it one chunk of captions at a time and wrap each chunk in activation
+checkpointing: only the two [B, chunk] score blocks are kept for backward, and each chunk's
+B x chunk x P x T tensor is rebuilt during backward. Peak memory is therefore O(B * chunk * P * T).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+
+def _symmetric_cross_entropy(logits_i2t: torch.Tensor, logits_t2i: torch.Tensor) -> torch.Tensor:
+    targets = torch.arange(logits_i2t.shape[0], device=logits_i2t.device)
+    return (F.cross_entropy(logits_i2t, targets) + F.cross_entropy(logits_t2i, targets)) / 2
+
+
+def _at_least_float32(x: torch.Tensor) -> torch.Tensor:
+    # Softmax over bf16/fp16 logits loses the small differences between hard negatives.
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
+def _normalize_tokens(image_tokens, text_tokens, text_padding_mask):
+    """L2-normalize tokens; padded text positions become exact zeros.
+
+    Zeroing before normalization (instead of only masking the scores) keeps any value at a padded
+    position, even inf/NaN, out of both the scores and every gradient.
+    """
+    if text_padding_mask.shape != text_tokens.shape[:2]:
+        raise ValueError(f"text_padding_mask {tuple(text_padding_mask.shape)} does not match "
+                         f"text_tokens {tuple(text_tokens.shape[:2])}")
+    if not bool((~text_padding_mask).any(dim=1).all()):
+        raise ValueError("every caption needs at least one non-padding token")
+    text_tokens = text_tokens.masked_fill(text_padding_mask.unsqueeze(-1), 0.0)
+    return F.normalize(image_tokens, dim=-1), F.normalize(text_tokens, dim=-1)
+
+
+def _chunk_scores(image_tokens: torch.Tensor, text_tokens: torch.Tensor,
+                  text_padding_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Late-interaction scores of all images against one chunk of C captions.
+
+    image_tokens [B, P, D] and text_tokens [C, T, D] normalized; returns two [B, C] blocks.
+    """
+    cosines = torch.einsum("ipd,jtd->ijpt", image_tokens, text_tokens)       # [B, C, P, T]
+    padding = text_padding_mask[None, :, None, :]                           # [1, C, 1, T]
+    best_word_per_patch = cosines.masked_fill(padding, float("-inf")).amax(dim=-1)  # [B, C, P]
+    sim_i2t = best_word_per_patch.mean(dim=-1)
+    best_patch_per_word = cosines.amax(dim=-2).masked_fill(padding[:, :, 0], 0.0)   # [B, C, T]
+    words_per_caption = (~text_padding_mask).sum(dim=-1).to(best_patch_per_word.dtype)
+    sim_t2i = best_patch_per_word.sum(dim=-1) / words_per_caption
+    return sim_i2t, sim_t2i
+
+
+def late_interaction_similarities(image_tokens: torch.Tensor, text_tokens: torch.Tensor,
+                                  text_padding_mask: torch.Tensor, chunk_size: int | None = None
+                                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """FILIP scores (sim_i2t, sim_t2i), both [B_img, B_txt] indexed [image, caption].
+
+    Tokens are projected but not yet normalized; text_padding_mask [B_txt, T] is True at padding.
+    chunk_size is the number of captions per chunk (None: all at once).
+    """
+    images, texts = _normalize_tokens(image_tokens, text_tokens, text_padding_mask)
+    chunk_size = texts.shape[0] if chunk_size is None else int(chunk_size)
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    # Checkpointing only pays when a backward pass will follow.
+    recompute = torch.is_grad_enabled() and (images.requires_grad or texts.requires_grad)
+    blocks_i2t, blocks_t2i = [], []
+    for start in range(0, texts.shape[0], chunk_size):
+        rows = slice(start, start + chunk_size)
+        chunk = (images, texts[rows], text_padding_mask[rows])
+        if recompute:
+            sim_i2t, sim_t2i = checkpoint(_chunk_scores, *chunk, use_reentrant=False)
+        else:
+            sim_i2t, sim_t2i = _chunk_scores(*chunk)
+        blocks_i2t.append(sim_i2t)
+        blocks_t2i.append(sim_t2i)
+    return torch.cat(blocks_i2t, dim=1), torch.cat(blocks_t2i, dim=1)
+
+
+def token_alignment_loss(image_tokens: torch.Tensor, text_tokens: torch.Tensor,
+                         text_padding_mask: torch.Tensor, logit_scale: torch.Tensor | float,
+                         chunk_size: int | None = None) -> torch.Tensor:
+    """L_tok for a batch of B matched pairs; logit_scale is the exponentiated scale s."""
+    if image_tokens.shape[0] != text_tokens.shape[0]:
+        raise ValueError("image and text batches must be paired (same B)")
+    sim_i2t, sim_t2i = late_interaction_similarities(image_tokens, text_tokens, text_padding_mask,
+                                                     chunk_size)
+    sim_i2t, sim_t2i = _at_least_float32(sim_i2t), _at_least_float32(sim_t2i)
+    return _symmetric_cross_entropy(logit_scale * sim_i2t, logit_scale * sim_t2i.t())
+
+
+def _token_alignment_loss_naive(image_tokens, text_tokens, text_padding_mask, logit_scale):
+    """Reference for tests: one einsum over the full B x B x P x T tensor, masking by weights."""
+    images = F.normalize(image_tokens, dim=-1)
+    texts = F.normalize(text_tokens, dim=-1)
+    valid = (~text_padding_mask).to(images.dtype)                            # [B, T]
+    cosines = torch.einsum("ipd,jtd->ijpt", images, texts)                   # [B, B, P, T]
+    masked = torch.where(text_padding_mask[None, :, None, :], float("-inf"), cosines)
+    sim_i2t = masked.max(dim=-1).values.mean(dim=-1)
+    sim_t2i = (cosines.max(dim=-2).values * valid).sum(dim=-1) / valid.sum(dim=-1)
+    return _symmetric_cross_entropy(logit_scale * sim_i2t, logit_scale * sim_t2i.t())
+
+
+class TokenAlignmentLoss(nn.Module):
+    """L_tok in open_clip's ClipLoss style; the trainer adds it to L_HN with weight lambda."""
+
+    def __init__(self, chunk_size: int | None = None):
+        super().__init__()
+        self.chunk_size = chunk_size
+
+    def forward(self, image_tokens, text_tokens, text_padding_mask, logit_scale,
+                output_dict: bool = False):
+        loss = token_alignment_loss(image_tokens, text_tokens, text_padding_mask, logit_scale,
+                                    self.chunk_size)
+        return {"token_loss": loss} if output_dict else loss

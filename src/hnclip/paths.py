@@ -1,0 +1,63 @@
+"""Where every artifact lives, relative to the project root. The Snakefile and the CLI both ask here."""
+from __future__ import annotations
+
+from pathlib import Path
+
+RESULTS = Path("results")
+FIGURES = Path("figures")
+CHECKPOINTS = Path(".cache/checkpoints")  # outside Snakemake's outputs: survives a failed job
+
+
+def manifest(data_root: str, dataset: str, split: str) -> Path:
+    return Path(data_root) / dataset / f"{split}.jsonl"
+
+
+def dataset_dir(data_root: str, dataset: str) -> Path:
+    return Path(data_root) / dataset
+
+
+def backbone_dir(name: str) -> Path:
+    """A backbone pretrained here is a run of its own: model.pt, train.json, steps.jsonl."""
+    return RESULTS / "backbones" / name
+
+
+def backbone_weights(name: str, kind: str, data_root: str) -> Path:
+    if kind == "longclip":
+        return Path(data_root) / "weights" / "longclip-L.pt"
+    return backbone_dir(name) / "model.pt"
+
+
+def run_dir(run_id: str) -> Path:
+    return RESULTS / "runs" / run_id
+
+
+def run_model(run_id: str) -> Path:
+    return run_dir(run_id) / "model.pt"
+
+
+def run_record(run_id: str) -> Path:
+    return run_dir(run_id) / "train.json"
+
+
+def run_steps(run_id: str) -> Path:
+    return run_dir(run_id) / "steps.jsonl"
+
+
+def checkpoint_dir(run_id: str) -> Path:
+    return CHECKPOINTS / run_id
+
+
+def evaluation(run_id: str, benchmark: str) -> Path:
+    return RESULTS / "evals" / run_id / f"{benchmark}.json"
+
+
+def stats(benchmark: str) -> Path:
+    return RESULTS / "stats" / f"{benchmark}.json"
+
+
+def table(name: str, ext: str) -> Path:
+    return RESULTS / "tables" / f"{name}.{ext}"
+
+
+def figure(name: str, ext: str) -> Path:
+    return FIGURES / f"{name}.{ext}"

@@ -1,0 +1,69 @@
+"""Provenance records: what produced an artifact (code, params, inputs, libraries, device, time)."""
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+import subprocess
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from .io import sha256_file
+
+LIBRARIES = ("torch", "torchvision", "open_clip_torch", "numpy", "pandas", "matplotlib", "snakemake", "dvc")
+_hash_cache: dict[tuple[str, int, int], str] = {}
+
+
+def git_state(root: str | Path = ".") -> dict:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+    try:
+        commit = git("rev-parse", "HEAD")
+        # Outputs (results/, figures/, data/) are ignored; only tracked or untracked source changes count.
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+        return {"commit": commit, "dirty": dirty}
+    except (OSError, subprocess.CalledProcessError):
+        return {"commit": None, "dirty": None, "note": "not a git checkout"}
+
+
+def library_versions() -> dict:
+    versions = {"python": platform.python_version()}
+    for name in LIBRARIES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def file_sha256(path: str | Path) -> str:
+    """sha256 of a file, memoised per (path, size, mtime) within this process."""
+    stat = os.stat(path)
+    key = (str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
+    if key not in _hash_cache:
+        _hash_cache[key] = sha256_file(path)
+    return _hash_cache[key]
+
+
+def input_hashes(inputs: dict[str, str | Path]) -> dict:
+    return {name: {"path": str(path), "sha256": file_sha256(path)} for name, path in sorted(inputs.items())}
+
+
+def record(kind: str, inputs: dict[str, str | Path] | None = None, spec: dict | None = None,
+           spec_hash: str | None = None, params: Any = None, device: dict | None = None,
+           wall_time_s: float | None = None, extra: dict | None = None) -> dict:
+    rec = {
+        "kind": kind,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "git": git_state(),
+        "libraries": library_versions(),
+        "host": platform.node(),
+        "inputs": input_hashes(inputs or {}),
+    }
+    for key, value in (("spec", spec), ("spec_hash", spec_hash), ("params", params), ("device", device),
+                       ("wall_time_s", wall_time_s)):
+        if value is not None:
+            rec[key] = value
+    rec.update(extra or {})
+    return rec

@@ -1,0 +1,191 @@
+"""params.yaml -> content-addressed RunSpecs, and which runs and evaluations each table cell needs.
+
+A run is identified by everything that determines its trained weights (data realisation, init,
+objective, recipe, seed, training fraction) and nothing else: the method's label, the table that
+asks for it and execution settings (device, threads) are not part of it. Two cells asking for the
+same experiment therefore resolve to the same run id and are trained once.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import paths
+from .config import ParamsError, validate_params
+from .io import canonical_json
+
+OBJECTIVE_KEYS = ("framework", "gamma", "lambda_tok", "margin")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    run_id: str
+    spec: dict = field(compare=False, hash=False)
+    spec_hash: str = ""
+
+    @property
+    def train_set(self) -> str:
+        return self.spec["train_set"]
+
+    def canonical(self) -> str:
+        return canonical_json(self.spec)
+
+
+@dataclass(frozen=True)
+class Cell:
+    table: str
+    row: str
+    benchmark: str
+    seed: int
+    run_id: str
+
+
+def _fmt(value: float) -> str:
+    return f"{value:g}"
+
+
+def make_run_id(spec: dict) -> tuple[str, str]:
+    digest = hashlib.sha256(canonical_json(spec).encode()).hexdigest()
+    obj = spec["objective"]
+    prefix = "" if obj["framework"] == "full" else f"{obj['framework']}-"
+    readable = (f"{spec['train_set']}-{prefix}g{_fmt(obj['gamma'])}-tok{_fmt(obj['lambda_tok'])}"
+                f"-{obj['margin']}-f{_fmt(spec['fraction'])}-s{spec['seed']}")
+    return f"{readable}-{digest[:8]}", digest
+
+
+class Registry:
+    def __init__(self, params: dict, profile: str | None = None, validate: bool = True):
+        if validate:
+            validate_params(params)
+        self.params = params
+        self.profile_name = profile or params["profile"]
+        profiles = params["profiles"]
+        if self.profile_name not in profiles:
+            raise ParamsError(f"params.yaml: profile: unknown profile {self.profile_name!r}; "
+                              f"allowed values: {sorted(profiles)}")
+        self.profile = profiles[self.profile_name]
+        self._check_references()
+        self._runs: dict[str, RunSpec] = {}
+        self._cells: dict[str, list[Cell]] = {name: self._expand_table(name) for name in params["tables"]}
+
+    # ---- validation of cross-references (the schema cannot see them) -------------------------
+    def _check_references(self) -> None:
+        p, prof = self.params, self.profile
+        if prof["backbone"] not in p["backbones"]:
+            raise ParamsError(f"params.yaml: profiles.{self.profile_name}.backbone: unknown backbone "
+                              f"{prof['backbone']!r}; allowed values: {sorted(p['backbones'])}")
+        for name, bench in p["benchmarks"].items():
+            for role, key in ((bench["train"], "train"), (bench["test"]["dataset"], "test.dataset")):
+                if role not in prof["datasets"]:
+                    raise ParamsError(f"params.yaml: benchmarks.{name}.{key}: dataset {role!r} is not defined "
+                                      f"in profile {self.profile_name!r}; allowed values: {sorted(prof['datasets'])}")
+        for tname, table in p["tables"].items():
+            for i, bench in enumerate(table["benchmarks"]):
+                if bench not in p["benchmarks"]:
+                    raise ParamsError(f"params.yaml: tables.{tname}.benchmarks.{i}: unknown benchmark {bench!r}; "
+                                      f"allowed values: {sorted(p['benchmarks'])}")
+            methods = [table["method"]] if "method" in table else [row["method"] for row in table["rows"]]
+            for method in methods:
+                if method not in p["methods"]:
+                    raise ParamsError(f"params.yaml: tables.{tname}: unknown method {method!r}; "
+                                      f"allowed values: {sorted(p['methods'])}")
+
+    # ---- expansion -----------------------------------------------------------------------------
+    def dataset_spec(self, role: str) -> dict:
+        return self.profile["datasets"][role]
+
+    def backbone_name(self) -> str:
+        return self.profile["backbone"]
+
+    def backbone_spec(self, name: str | None = None) -> dict:
+        return self.params["backbones"][name or self.backbone_name()]
+
+    def run_spec(self, train_set: str, objective: dict, seed: int, fraction: float = 1.0) -> RunSpec:
+        spec = {
+            "train_set": train_set,
+            "dataset": self.dataset_spec(train_set),
+            "fraction": float(fraction),
+            "seed": int(seed),
+            "init": {"backbone": self.backbone_name(), **self.backbone_spec()},
+            "objective": {key: objective[key] for key in OBJECTIVE_KEYS},
+            "recipe": self.profile["recipe"],
+        }
+        spec["objective"]["gamma"] = float(spec["objective"]["gamma"])
+        spec["objective"]["lambda_tok"] = float(spec["objective"]["lambda_tok"])
+        run_id, digest = make_run_id(spec)
+        run = self._runs.setdefault(run_id, RunSpec(run_id, spec, digest))
+        return run
+
+    def _table_rows(self, table: dict) -> list[tuple[str, dict]]:
+        methods = self.params["methods"]
+        if "rows" in table:
+            return [(row["key"], {**methods[row["method"]], **row.get("set", {})}) for row in table["rows"]]
+        (knob, values), = table["vary"].items()
+        return [(f"{knob}={_fmt(value)}", {**methods[table["method"]], knob: value}) for value in values]
+
+    def _expand_table(self, name: str) -> list[Cell]:
+        table = self.params["tables"][name]
+        cells = []
+        for row_key, recipe in self._table_rows(table):
+            for bench in table["benchmarks"]:
+                train_set = self.params["benchmarks"][bench]["train"]
+                for seed in self.profile["seeds"]:
+                    run = self.run_spec(train_set, recipe, seed, recipe.get("fraction", 1.0))
+                    cells.append(Cell(name, row_key, bench, seed, run.run_id))
+        return cells
+
+    # ---- queries -------------------------------------------------------------------------------
+    @property
+    def tables(self) -> list[str]:
+        return list(self._cells)
+
+    def cells(self, table: str) -> list[Cell]:
+        if table not in self._cells:
+            raise KeyError(f"unknown table {table!r}; allowed values: {self.tables}")
+        return self._cells[table]
+
+    def runs(self) -> dict[str, RunSpec]:
+        return dict(self._runs)
+
+    def run(self, run_id: str) -> RunSpec:
+        if run_id not in self._runs:
+            raise KeyError(f"unknown run {run_id!r} for profile {self.profile_name!r} "
+                           f"(params.yaml changed since it was planned?)")
+        return self._runs[run_id]
+
+    def evaluations(self, tables: list[str] | None = None) -> list[tuple[str, str]]:
+        pairs = {(c.run_id, c.benchmark) for t in (tables or self.tables) for c in self.cells(t)}
+        return sorted(pairs)
+
+    def eval_benchmarks(self, train_set: str) -> list[str]:
+        """Benchmarks evaluated after every epoch of a run on `train_set` (its in-domain tests)."""
+        return [name for name, b in self.params["benchmarks"].items() if b["train"] == train_set]
+
+    def test_manifest(self, benchmark: str):
+        test = self.params["benchmarks"][benchmark]["test"]
+        return paths.manifest(self.profile["data_root"], test["dataset"], test["split"])
+
+    def train_manifest(self, train_set: str):
+        return paths.manifest(self.profile["data_root"], train_set, "train")
+
+    def used_datasets(self) -> list[str]:
+        roles = set()
+        for bench in self.params["benchmarks"].values():
+            roles.update((bench["train"], bench["test"]["dataset"]))
+        return sorted(roles & set(self.profile["datasets"]))
+
+    def dataset_splits(self, role: str) -> list[str]:
+        """Manifests the pipeline needs from a dataset role (train if any benchmark trains on it; tests)."""
+        splits = set()
+        for bench in self.params["benchmarks"].values():
+            if bench["train"] == role:
+                splits.add("train")
+            if bench["test"]["dataset"] == role:
+                splits.add(bench["test"]["split"])
+        return sorted(splits)
+
+    def summary(self) -> dict[str, Any]:
+        return {"profile": self.profile_name, "unique_runs": len(self._runs),
+                "evaluations": len(self.evaluations()),
+                "cells": {t: len(c) for t, c in self._cells.items()}}

@@ -1,0 +1,33 @@
+"""Build one paper table (CSV, Markdown, LaTeX), its figure and its provenance record."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from .. import paths, provenance
+from ..io import write_json, write_text
+from ..registry import Registry
+from . import tables
+
+
+def build_table(reg: Registry, table: str) -> list[Path]:
+    started = time.time()
+    spec = reg.params["tables"][table]
+    per_seed = tables.collect(reg, table)
+    frame = tables.aggregate(reg, table, per_seed)
+    outputs = {ext: paths.table(table, ext) for ext in ("csv", "md", "tex")}
+    frame.to_csv(outputs["csv"].with_suffix(".csv.part"), index=False)
+    outputs["csv"].with_suffix(".csv.part").replace(outputs["csv"])
+    write_text(outputs["md"], tables.to_markdown(reg, table, frame))
+    write_text(outputs["tex"], tables.to_latex(reg, table, frame))
+    written = list(outputs.values())
+    record = provenance.record(
+        "table", inputs=tables.eval_inputs(reg, table), params={"profile": reg.profile_name, "table": spec},
+        wall_time_s=time.time() - started,
+        extra={"table": table, "selection": spec["selection"],
+               "cells": per_seed[["row", "benchmark", "direction", "metric", "seed", "run_id", "epoch",
+                                  "eval_file", "value"]].to_dict(orient="records"),
+               "outputs": {str(p): provenance.file_sha256(p) for p in written}})
+    record_path = paths.table(table, "provenance.json")
+    write_json(record_path, record)
+    return written + [record_path]

@@ -1,0 +1,64 @@
+"""Recall@K on hand-made similarity matrices, ties included, and epoch selection."""
+import pytest
+import torch
+
+from hnclip.evaluate import mean_r1, ranks_of_positives, recall_at_k, select_epochs
+
+
+def test_ranks_on_hand_made_scores():
+    scores = torch.tensor([[0.9, 0.1, 0.2],
+                           [0.8, 0.5, 0.1],    # query 1: one candidate above its ground truth
+                           [0.3, 0.4, 0.2]])   # query 2: two above
+    ranks, tied = ranks_of_positives(scores)
+    assert ranks.tolist() == [0, 1, 2] and tied.tolist() == [False, False, False]
+
+
+def test_ties_follow_the_declared_rule():
+    scores = torch.tensor([[0.5, 0.5, 0.1],    # tie with the ground truth
+                           [0.2, 0.7, 0.7],    # tie
+                           [0.1, 0.1, 0.1]])   # three-way tie
+    pess, tied = ranks_of_positives(scores, "pessimistic")
+    opt, _ = ranks_of_positives(scores, "optimistic")
+    assert pess.tolist() == [1, 1, 2] and opt.tolist() == [0, 0, 0]
+    assert tied.tolist() == [True, True, True]
+    with pytest.raises(ValueError, match="tie_rule"):
+        ranks_of_positives(scores, "random")
+
+
+def test_recall_both_directions_hand_computed():
+    # Identity-like features: image i matches caption i, except caption 2 is closest to image 0.
+    img = torch.eye(3)
+    txt = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.8, 0.0, 0.6]])
+    m = recall_at_k(img, txt, ks=(1, 2), tie_rule="pessimistic")
+    # sims[i, j] = img_i . txt_j = [[1, 0, .8], [0, 1, 0], [0, 0, .6]]
+    # t2i: caption 2 ranks image 2 (0.6) below image 0 (0.8) -> rank 1
+    assert m["t2i"] == {"R@1": pytest.approx(200 / 3), "R@2": 100.0}
+    # i2t: image 0 ranks caption 0 (1.0) above caption 2 (0.8); image 2 ranks caption 2 (0.6) first
+    assert m["i2t"] == {"R@1": 100.0, "R@2": 100.0}
+    assert m["ties"] == {"t2i": 0, "i2t": 0} and m["n"] == 3
+
+
+def test_duplicate_captions_count_as_ties():
+    img = torch.eye(2)
+    txt = torch.tensor([[1.0, 1.0], [1.0, 1.0]]) / 2 ** 0.5  # two identical captions
+    pess = recall_at_k(img, txt, ks=(1,), tie_rule="pessimistic")
+    opt = recall_at_k(img, txt, ks=(1,), tie_rule="optimistic")
+    assert pess["i2t"]["R@1"] == 0.0 and opt["i2t"]["R@1"] == 100.0
+    assert pess["ties"]["i2t"] == 2
+
+
+def test_recall_requires_paired_features():
+    with pytest.raises(ValueError, match="one caption per image"):
+        recall_at_k(torch.eye(3), torch.eye(4)[:, :3][:2])
+
+
+def test_select_epochs_best_and_last():
+    def m(t, i):
+        return {"t2i": {"R@1": t}, "i2t": {"R@1": i}}
+    history = [{"epoch": 1, "eval": {"docci": m(50, 50)}}, {"epoch": 2, "eval": {"docci": m(60, 58)}},
+               {"epoch": 3, "eval": {"docci": m(58, 60)}}, {"epoch": 4, "eval": {"docci": m(55, 55)}}]
+    chosen = select_epochs(history, "docci")
+    assert chosen["best"]["epoch"] == 2  # tie in mean R@1 between epochs 2 and 3: earliest wins
+    assert chosen["last"]["epoch"] == 4 and mean_r1(chosen["last"]["metrics"]) == 55
+    with pytest.raises(KeyError, match="urban1k"):
+        select_epochs(history, "urban1k")

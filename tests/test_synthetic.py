@@ -1,0 +1,259 @@
+"""The procedural dense-caption benchmarks: determinism, caption lengths, families of near-duplicates,
+the Long-DCI split, the Urban-1K shift, and the on-disk layout."""
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from hnclip.data.manifest import read_manifest
+from hnclip.data.synthetic import (
+    STANDARD_BACKGROUNDS, URBAN_BACKGROUNDS, VARIANTS, dataset_fingerprint, generate_split,
+    scene_differences, write_dataset,
+)
+
+FAMILY_VARIANTS = [name for name, spec in VARIANTS.items() if spec.family_size > 1]
+
+
+def _words(text: str) -> int:
+    return len(text.split())
+
+
+def _jaccard(a: str, b: str) -> float:
+    x, y = set(a.lower().split()), set(b.lower().split())
+    return len(x & y) / len(x | y)
+
+
+def _families(samples) -> dict[int, dict[int, object]]:
+    families = defaultdict(dict)
+    for sample in samples:
+        families[sample.family][sample.member] = sample
+    return families
+
+
+def _tree_bytes(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def dci_dir(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("dci") / "dci"
+    write_dataset(out, "dci", {"train": 24, "test": 16}, seed=0)
+    return out
+
+
+# --- determinism and layout on disk ---------------------------------------------------------
+
+def test_same_seed_gives_identical_bytes_and_other_seed_differs(dci_dir, tmp_path):
+    again = tmp_path / "again"
+    write_dataset(again, "dci", {"train": 24, "test": 16}, seed=0)
+    assert _tree_bytes(again) == _tree_bytes(dci_dir)
+
+    other = tmp_path / "other"
+    write_dataset(other, "dci", {"train": 24, "test": 16}, seed=1)
+    assert (other / "train.jsonl").read_bytes() != (dci_dir / "train.jsonl").read_bytes()
+    assert set(_tree_bytes(other).values()).isdisjoint(
+        v for k, v in _tree_bytes(dci_dir).items() if k.endswith(".png"))
+
+
+def test_write_dataset_layout_and_manifests(dci_dir):
+    assert sorted(p.name for p in dci_dir.iterdir()) == ["images", "test.jsonl", "test_long.jsonl", "train.jsonl"]
+    for split, n in {"train": 24, "test": 16, "test_long": 16}.items():
+        raw = [json.loads(line) for line in (dci_dir / f"{split}.jsonl").read_text().splitlines()]
+        assert len(raw) == n
+        for row in raw:
+            assert row["image"] == f"images/{row['id']}.png"  # relative to the manifest
+            assert row["split"] == split
+            assert row["source_sha256"] == hashlib.sha256((dci_dir / row["image"]).read_bytes()).hexdigest()
+        rows = read_manifest(dci_dir / f"{split}.jsonl")
+        assert all(Path(r.image).is_file() for r in rows)
+
+
+def test_returned_paths_and_rerun_replaces(tmp_path):
+    out = tmp_path / "docci"
+    paths = write_dataset(out, "docci", {"train": 8, "test": 8}, seed=0)
+    assert paths == {"train": out / "train.jsonl", "test": out / "test.jsonl"}
+    write_dataset(out, "docci", {"test": 4}, seed=1)
+    assert sorted(p.name for p in out.iterdir()) == ["images", "test.jsonl"]
+    assert len(list((out / "images").iterdir())) == 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["docci"]  # no temporary leftovers
+
+
+def test_images_are_rgb_uint8_of_the_requested_size(dci_dir):
+    for path in list((dci_dir / "images").iterdir())[:10]:
+        with Image.open(path) as image:
+            assert image.mode == "RGB" and image.size == (64, 64)
+    samples = generate_split("urban", "test", 4, seed=0, image_size=96)
+    assert all(s.image.shape == (96, 96, 3) and s.image.dtype == np.uint8 for s in samples)
+
+
+def test_train_and_test_do_not_share_scenes(dci_dir):
+    train, test = read_manifest(dci_dir / "train.jsonl"), read_manifest(dci_dir / "test.jsonl")
+    assert {r.id for r in train}.isdisjoint(r.id for r in test)
+    assert {r.source_sha256 for r in train}.isdisjoint(r.source_sha256 for r in test)
+    assert {r.caption for r in train}.isdisjoint(r.caption for r in test)
+
+
+def test_fingerprint_is_deterministic_and_describes_the_arguments():
+    a = dataset_fingerprint("dci", {"test": 16}, seed=0, image_size=64)
+    assert a == dataset_fingerprint("dci", {"test": 16}, seed=0, image_size=64)
+    assert a["variant"] == "dci" and a["seed"] == 0 and a["sizes"] == {"test": 16, "test_long": 16}
+    assert a["digest"] != dataset_fingerprint("dci", {"test": 16}, seed=1)["digest"]
+    assert a["digest"] != dataset_fingerprint("dci", {"test": 16}, seed=0, image_size=96)["digest"]
+
+
+# --- argument checking --------------------------------------------------------------------
+
+def test_unknown_variant_or_split_names_the_allowed_values(tmp_path):
+    with pytest.raises(ValueError, match="docci.*dci.*vg.*urban"):
+        write_dataset(tmp_path / "x", "coco", {"train": 4}, seed=0)
+    with pytest.raises(ValueError, match="allowed: test"):
+        generate_split("urban", "train", 4, seed=0)
+    with pytest.raises(ValueError, match="allowed"):
+        dataset_fingerprint("nope", {"train": 4}, seed=0)
+    with pytest.raises(ValueError):
+        write_dataset(tmp_path / "x", "docci", {"train": 0}, seed=0)
+    assert not (tmp_path / "x").exists()
+
+
+# --- captions ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_caption_lengths_fall_in_the_variant_range(variant):
+    spec = VARIANTS[variant]
+    lo, hi = spec.word_range
+    for split in spec.splits:
+        if split == spec.long_split:
+            continue
+        counts = np.array([_words(s.caption) for s in generate_split(variant, split, 200, seed=0)])
+        assert np.mean((counts >= lo) & (counts <= hi)) >= 0.95, (split, counts.min(), counts.max())
+        assert counts.max() - counts.min() >= 15  # lengths vary, not one fixed template
+
+
+def test_pretraining_captions_are_terser_and_worded_differently():
+    pretrain = [s.caption for s in generate_split("pretrain", "train", 200, seed=0)]
+    docci = [s.caption for s in generate_split("docci", "train", 200, seed=0)]
+    assert np.mean([_words(c) for c in pretrain]) < 0.6 * np.mean([_words(c) for c in docci])
+    first_sentences = lambda captions: {c.split(".")[0].split(" on a ")[0] for c in captions}  # noqa: E731
+    assert first_sentences(pretrain).isdisjoint(first_sentences(docci))
+    samples = generate_split("pretrain", "train", 50, seed=0)
+    assert all(s.member == 0 and s.edit is None for s in samples)  # independent scenes, no families
+
+
+def test_template_wording_varies_across_families():
+    openings = {s.caption.split(".")[0].split(" ")[0] for s in generate_split("docci", "test", 80, seed=0)}
+    assert len(openings) >= 3
+
+
+def test_dci_short_captions_are_one_short_sentence():
+    for split in ("train", "test"):
+        for sample in generate_split("dci", split, 100, seed=0):
+            assert sample.short_caption and _words(sample.short_caption) <= 20
+            assert sample.short_caption.count(".") == 1 and sample.short_caption.endswith(".")
+    assert all(s.short_caption is None for s in generate_split("docci", "test", 20, seed=0))
+
+
+def test_long_dci_captions_extend_the_test_captions(dci_dir):
+    test = {r.id: r for r in read_manifest(dci_dir / "test.jsonl")}
+    long = {r.id: r for r in read_manifest(dci_dir / "test_long.jsonl")}
+    assert test.keys() == long.keys()
+    for id_, row in long.items():
+        assert row.image == test[id_].image and row.source_sha256 == test[id_].source_sha256
+        short, dense = row.caption.split("\n", 1)
+        assert short == test[id_].short_caption and dense.startswith(test[id_].caption)
+        assert _words(row.caption) > _words(test[id_].caption) + 15
+    counts = [_words(s.caption) for s in generate_split("dci", "test_long", 200, seed=0)]
+    assert max(counts) > 200 and min(counts) >= max(_words(s.caption) for s in generate_split("dci", "test", 200, 0)) * 0.9
+
+
+# --- families of near-duplicates ---------------------------------------------------------------
+
+@pytest.mark.parametrize("variant", FAMILY_VARIANTS)
+def test_siblings_differ_in_one_edit_and_share_almost_all_words(variant):
+    split = VARIANTS[variant].splits[0]
+    samples = generate_split(variant, split, 200, seed=0)
+    families = _families(samples)
+    assert all(sorted(members) == [0, 1, 2, 3] for members in families.values())
+    edits, overlaps = set(), []
+    for members in families.values():
+        base = members[0]
+        assert base.edit is None
+        for member in (1, 2, 3):
+            sibling = members[member]
+            diffs = scene_differences(base.scene, sibling.scene)
+            if sibling.edit == "position":  # two distinct-looking objects exchange cells
+                (i, attr_i), (j, attr_j) = diffs
+                a, b = base.scene.objects, sibling.scene.objects
+                assert attr_i == attr_j == "cell" and (a[i].cell, a[j].cell) == (b[j].cell, b[i].cell)
+            else:
+                assert diffs == [(diffs[0][0], sibling.edit)]
+            edits.add(sibling.edit)
+            assert sibling.caption != base.caption
+            overlaps.append(_jaccard(sibling.caption, base.caption))
+            assert not np.array_equal(sibling.image, base.image)
+        assert len({members[m].edit for m in (1, 2, 3)}) == 3
+    assert edits == {"color", "shape", "texture", "size", "position"}
+    # near-duplicates: word-set Jaccard mostly above 0.85; short VG paragraphs dip lowest
+    assert min(overlaps) > 0.75 and np.mean(np.array(overlaps) > 0.85) >= 0.95
+
+
+@pytest.mark.parametrize("variant", FAMILY_VARIANTS)
+def test_siblings_are_never_adjacent_in_the_manifest(variant):
+    samples = generate_split(variant, VARIANTS[variant].splits[0], 203, seed=3)  # last family partial
+    families = [s.family for s in samples]
+    assert len(samples) == 203 and len({s.id for s in samples}) == 203
+    assert all(a != b for a, b in zip(families, families[1:]))
+    # ...and spread out, not merely interleaved: siblings sit far apart on average
+    positions = defaultdict(list)
+    for index, family in enumerate(families):
+        positions[family].append(index)
+    spreads = [max(p) - min(p) for p in positions.values() if len(p) > 1]
+    assert np.mean(spreads) > 50
+
+
+def test_tiny_splits_do_not_fail():
+    assert len(generate_split("docci", "test", 1, seed=0)) == 1
+    assert len(generate_split("docci", "test", 4, seed=0)) == 4  # one family: adjacency unavoidable
+
+
+def test_ids_record_variant_split_family_and_member():
+    for sample in generate_split("vg", "train", 12, seed=0):
+        assert sample.id == f"vg-train-f{sample.family:05d}-m{sample.member}"
+
+
+# --- distributions -----------------------------------------------------------------------------
+
+def test_urban_is_a_shifted_distribution():
+    assert set(URBAN_BACKGROUNDS).isdisjoint(STANDARD_BACKGROUNDS)
+    urban = generate_split("urban", "test", 200, seed=0)
+    docci = generate_split("docci", "test", 200, seed=0)
+    assert {s.scene.background for s in urban} == set(URBAN_BACKGROUNDS)
+    assert {s.scene.background for s in docci} <= set(STANDARD_BACKGROUNDS)
+    assert min(len(s.scene.objects) for s in urban) >= 5
+    assert np.mean([len(s.scene.objects) for s in urban]) > np.mean([len(s.scene.objects) for s in docci])
+    urban_colors = [o.color for s in urban for o in s.scene.objects]
+    docci_colors = [o.color for s in docci for o in s.scene.objects]
+    assert urban_colors.count("white") / len(urban_colors) > 1.5 * docci_colors.count("white") / len(docci_colors)
+
+
+def test_backgrounds_render_differently():
+    samples = generate_split("urban", "test", 120, seed=0) + generate_split("docci", "test", 120, seed=0)
+    corners = {}  # the top-left corner cell's mean colour is a background signature when it is empty
+    for s in samples:
+        if all(o.cell != 0 for o in s.scene.objects):
+            corners.setdefault(s.scene.background, s.image[:16, :16].reshape(-1, 3).mean(0))
+    signatures = list(corners.values())
+    assert len(signatures) >= 8
+    assert min(np.abs(a - b).sum() for i, a in enumerate(signatures) for b in signatures[i + 1:]) > 5
+
+
+def test_generation_is_fast():
+    start = time.perf_counter()
+    generate_split("docci", "train", 1000, seed=0)
+    assert time.perf_counter() - start < 10  # ~0.4 s on one core; generous for loaded machines

@@ -1,0 +1,139 @@
+"""Training loop: resume after a SIGKILL reaches the same weights; NaN stops with the checkpoint kept."""
+import json
+import math
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from hnclip.data.synthetic import write_dataset
+from hnclip.train import NonFiniteLossError, TrainJob, cosine_lr, epoch_micro_batches, train
+
+SPEC = {
+    "train_set": "docci", "fraction": 1.0, "seed": 7,
+    "objective": {"framework": "full", "gamma": 0.5, "lambda_tok": 1.0, "margin": "live"},
+    "recipe": {"epochs": 2, "micro_batch": 8, "grad_accum": 2, "lr": 1e-3, "weight_decay": 0.01,
+               "warmup_steps": 0, "reset_logit_scale": 100.0, "precision": "fp32"},
+}
+EXECUTION = {"device": "cpu", "threads": 1, "eval_batch_size": 64, "checkpoint_every_steps": 2,
+             "keep_epoch_weights": False}
+EVALUATION = {"recall_ks": [1, 5], "tie_rule": "pessimistic", "selection_metric": "mean_r1"}
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("data")
+    return write_dataset(root / "docci", "docci", {"train": 48, "test": 24}, seed=3)
+
+
+def make_job(tiny_data, out, spec=SPEC, stop_after_steps=None):
+    return TrainJob(run_id="test-run", spec=spec, spec_hash="h" * 64, init_kind="scratch", init_path=None,
+                    model_config="hnclip-tiny", train_manifest=tiny_data["train"],
+                    eval_manifests={"docci": tiny_data["test"]}, out_dir=out / "run", checkpoint_dir=out / "ckpt",
+                    execution=EXECUTION, evaluation=EVALUATION, stop_after_steps=stop_after_steps)
+
+
+def test_schedule_and_batches_are_deterministic():
+    assert cosine_lr(0, 10, 1.0, 0) == 1.0 and cosine_lr(10, 10, 1.0, 0) == pytest.approx(0.0)
+    assert cosine_lr(0, 10, 1.0, 2) == 0.5
+    a = epoch_micro_batches(list(range(50)), 16, seed=1, epoch=0)
+    assert a == epoch_micro_batches(list(range(50)), 16, seed=1, epoch=0)
+    assert a != epoch_micro_batches(list(range(50)), 16, seed=1, epoch=1)
+    assert [len(b) for b in a] == [16, 16, 16]  # incomplete tail dropped
+
+
+KILL_SCRIPT = textwrap.dedent("""
+    import json, sys
+    from pathlib import Path
+    from hnclip.train import TrainJob, train
+    args = json.loads(sys.argv[1])
+    train(TrainJob(**{**args, "train_manifest": Path(args["train_manifest"]), "out_dir": Path(args["out_dir"]),
+                      "checkpoint_dir": Path(args["checkpoint_dir"]),
+                      "eval_manifests": {k: Path(v) for k, v in args["eval_manifests"].items()}}))
+""")
+
+
+def test_killed_run_resumes_to_identical_result(tiny_data, tmp_path):
+    reference = train(make_job(tiny_data, tmp_path / "uninterrupted"))
+    assert reference["optimizer_steps"] == 6  # 48 pairs / 8 = 6 micro-batches / 2 = 3 steps, 2 epochs
+
+    job = make_job(tiny_data, tmp_path / "killed", stop_after_steps=5)
+    payload = {k: (str(v) if hasattr(v, "parts") else v) for k, v in job.__dict__.items()}
+    payload["eval_manifests"] = {k: str(v) for k, v in job.eval_manifests.items()}
+    proc = subprocess.run([sys.executable, "-c", KILL_SCRIPT, json.dumps(payload)], capture_output=True, text=True)
+    assert proc.returncode == -9, proc.stderr  # SIGKILL after optimizer step 5
+    assert not (job.out_dir / "model.pt").exists()
+    saved = torch.load(job.checkpoint_dir / "last.pt", weights_only=True)["state"]
+    assert saved["step"] == 4  # checkpoints every 2 steps: step 5 is lost and replayed
+
+    job.stop_after_steps = None
+    resumed = train(job)
+    assert resumed["resumed_from_step"] == 4
+    assert resumed["final_weights_sha256"] == reference["final_weights_sha256"]
+    assert resumed["history"][-1]["eval"] == reference["history"][-1]["eval"]
+    assert [h["weights_sha256"] for h in resumed["history"]] == [h["weights_sha256"] for h in reference["history"]]
+
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(tiny_data, tmp_path, monkeypatch):
+    import hnclip.train as train_module
+    real_terms = train_module.loss_terms
+    calls = {"n": 0}
+
+    def poisoned(*args, **kwargs):
+        calls["n"] += 1
+        terms = real_terms(*args, **kwargs)
+        if calls["n"] == 7:  # 4th optimizer step (2 micro-batches per step)
+            terms["total"] = terms["total"] * float("nan")
+        return terms
+
+    monkeypatch.setattr(train_module, "loss_terms", poisoned)
+    job = make_job(tiny_data, tmp_path)
+    with pytest.raises(NonFiniteLossError, match=r"non-finite loss at epoch 2, optimizer step 4.*last good checkpoint"):
+        train(job)
+    payload = torch.load(job.checkpoint_dir / "last.pt", weights_only=True)
+    assert payload["state"]["step"] == 3  # end of epoch 1, written before the bad step
+    assert all(torch.isfinite(t).all() for t in payload["model"].values() if t.is_floating_point())
+    assert not (job.out_dir / "model.pt").exists()
+
+
+def test_training_record_and_step_log(tiny_data, tmp_path):
+    record = train(make_job(tiny_data, tmp_path))
+    assert [h["epoch"] for h in record["history"]] == [1, 2]
+    epoch = record["history"][0]
+    assert {"hn_mean", "infonce_mean", "tok_mean", "infonce_saturated_frac", "hn_saturated_frac"} <= set(epoch["train"])
+    assert set(epoch["eval"]["docci"]) >= {"t2i", "i2t", "ties", "n"}
+    steps = [json.loads(line) for line in (tmp_path / "run" / "steps.jsonl").read_text().splitlines()]
+    assert len(steps) == 6 and all(math.isfinite(s["grad_norm"]) and s["grad_norm"] > 0 for s in steps)
+    assert steps[0]["lr"] == pytest.approx(1e-3) and steps[-1]["lr"] < steps[0]["lr"]
+    assert record["spec"] == SPEC and record["inputs"]["train_manifest"]["sha256"]
+
+
+def test_frozen_margin_stays_constant_while_live_drifts(tiny_data):
+    from hnclip.data.loader import PairDataset
+    from hnclip.losses import margin_matrix
+    from hnclip.models.factory import create
+    from hnclip.models.towers import encode_text
+    from hnclip.train import build_optimizer, frozen_text_encoder, loss_terms
+
+    torch.manual_seed(0)
+    backbone = create("hnclip-tiny")
+    model = backbone.model
+    frozen = frozen_text_encoder(model)
+    assert frozen.visual is None and model.visual is not None
+    assert not any(p.requires_grad for p in frozen.parameters())
+    data = PairDataset.from_manifest(tiny_data["train"], backbone.preprocess, backbone.tokenizer)
+    images, tokens = data.batch(range(8))
+    optimizer = build_optimizer(model, 1e-3, 0.0)
+    objective = {"gamma": 0.5, "lambda_tok": 0.0, "margin": "frozen"}
+    g_frozen, g_live = [], []
+    for _ in range(3):
+        with torch.no_grad():
+            g_frozen.append(margin_matrix(encode_text(frozen, tokens), 0.5))
+            g_live.append(margin_matrix(encode_text(model, tokens), 0.5))
+        optimizer.zero_grad()
+        loss_terms(model, images, tokens, objective, frozen)["total"].backward()
+        optimizer.step()
+    assert all(torch.equal(g_frozen[0], g) for g in g_frozen[1:])
+    assert not torch.allclose(g_live[0], g_live[-1], atol=1e-4)

@@ -1,0 +1,61 @@
+# Registry, schema validation and input functions shared by all rules.
+import shlex
+import sys
+
+from hnclip import paths
+from hnclip.config import validate_params
+from hnclip.io import canonical_json
+from hnclip.jobs import PRETRAIN_ROLE, dataset_generation
+from hnclip.registry import Registry
+
+validate_params(config)  # fails before any job starts, naming the bad key and the allowed values
+REG = Registry(config, validate=False)
+PROFILE = REG.profile_name
+DATA_ROOT = REG.profile["data_root"]
+EXECUTION = REG.profile["execution"]
+BACKBONE = REG.backbone_name()
+BACKBONE_SPEC = REG.backbone_spec()
+# The interpreter running Snakemake (the project's .venv) runs the jobs too: no PATH assumptions.
+HNCLIP = f"{shlex.quote(sys.executable)} -m hnclip --profile {PROFILE}"
+USES_GPU = 0 if EXECUTION["device"] == "cpu" else 1
+
+wildcard_constraints:
+    run=r"[A-Za-z0-9_.\-]+",
+    benchmark="|".join(config["benchmarks"]),
+    table="|".join(config["tables"]),
+
+
+def dataset_marker(role):
+    return paths.dataset_dir(DATA_ROOT, role) / "dataset.json"
+
+
+def backbone_weights():
+    return paths.backbone_weights(BACKBONE, BACKBONE_SPEC["kind"], DATA_ROOT)
+
+
+def train_inputs(wildcards):
+    run = REG.run(wildcards.run)
+    tests = {REG.params["benchmarks"][b]["test"]["dataset"] for b in REG.eval_benchmarks(run.train_set)}
+    return {"init": backbone_weights(), "train_data": dataset_marker(run.train_set),
+            "test_data": sorted(str(dataset_marker(role)) for role in tests)}
+
+
+def test_data(benchmark):
+    return dataset_marker(REG.params["benchmarks"][benchmark]["test"]["dataset"])
+
+
+def table_inputs(wildcards):
+    return [str(paths.evaluation(run, bench)) for run, bench in REG.evaluations([wildcards.table])]
+
+
+def table_figures(table):
+    figure = config["tables"][table].get("figure")
+    return [str(paths.figure(f"{table}_{figure}", ext)) for ext in ("png", "pdf")] if figure else []
+
+
+def all_targets():
+    targets = []
+    for table in REG.tables:
+        targets += [str(paths.table(table, ext)) for ext in ("md", "tex", "csv")] + table_figures(table)
+    targets += [str(paths.stats(bench)) for bench in config["benchmarks"]]
+    return targets

@@ -1,0 +1,12 @@
+# Datasets: generated (embedded profile) or downloaded and converted to manifests (paper profile).
+
+
+rule dataset:
+    output:
+        marker=f"{DATA_ROOT}/{{dataset}}/dataset.json",
+    params:
+        spec=lambda w: canonical_json(dataset_generation(REG, w.dataset)),
+    log:
+        f"logs/{PROFILE}/data/{{dataset}}.log",
+    shell:
+        f"{HNCLIP} data {{wildcards.dataset}} > {{log}} 2>&1"

@@ -1,0 +1,23 @@
+# One job per unique run (content-addressed id): cells shared by several tables train once.
+# Resume checkpoints live in .cache/checkpoints/<run>/, outside Snakemake's outputs, so a killed
+# or failed job restarts from its last checkpoint when rerun.
+
+
+rule train:
+    input:
+        unpack(train_inputs),
+    output:
+        model="results/runs/{run}/model.pt",
+        record="results/runs/{run}/train.json",
+        steps="results/runs/{run}/steps.jsonl",
+    params:
+        spec=lambda w: REG.run(w.run).canonical(),
+    log:
+        "logs/train/{run}.log",
+    benchmark:
+        "logs/train/{run}.benchmark.tsv"
+    threads: EXECUTION["threads"]
+    resources:
+        gpu=USES_GPU,
+    shell:
+        f"{HNCLIP} --threads {{threads}} train --run {{wildcards.run}} > {{log}} 2>&1"
