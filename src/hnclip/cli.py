@@ -5,6 +5,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 from . import paths, provenance
 from .config import ParamsError, load_params
@@ -36,22 +37,40 @@ def cmd_runs(args) -> int:
 
 
 def cmd_data(args) -> int:
-    """Generate a synthetic dataset role (embedded profile) into the profile's data root."""
-    from .data.synthetic import dataset_fingerprint, write_dataset
+    """Materialise a dataset role as manifests: generated (embedded profile) or downloaded + converted."""
     from .jobs import dataset_generation
     reg = _registry(args)
     spec = dataset_generation(reg, args.dataset)
-    if spec["kind"] != "synthetic":
-        raise SystemExit(f"dataset {args.dataset!r} is a real dataset in profile {reg.profile_name!r}: "
-                         f"use `hnclip download {spec['source']}`")
-    out_dir = paths.dataset_dir(reg.profile["data_root"], args.dataset)
+    data_root = Path(reg.profile["data_root"])
+    out_dir = paths.dataset_dir(data_root, args.dataset)
     started = time.time()
-    manifests = write_dataset(out_dir, spec["variant"], spec["sizes"], spec["seed"])
+    if spec["kind"] == "synthetic":
+        from .data.synthetic import dataset_fingerprint, write_dataset
+        manifests = write_dataset(out_dir, spec["variant"], spec["sizes"], spec["seed"])
+        extra = {"generator": dataset_fingerprint(spec["variant"], spec["sizes"], spec["seed"])}
+    else:
+        from .data.download import download_dataset
+        from .data.real import BUILDERS
+        download_dataset(spec["source"], data_root)
+        report = BUILDERS[args.dataset](data_root / spec["source"], out_dir, **spec.get("protocol", {}))
+        manifests = report.manifests
+        extra = {"counts": report.counts, "paper_count_mismatches": report.mismatches(),
+                 "fraction_over_248_tokens": report.over_context, "notes": report.notes}
+        for line in report.mismatches():
+            print(f"count differs from paper Table A1: {line}")
     record = provenance.record("dataset", spec=spec, wall_time_s=time.time() - started,
-                               inputs={f"manifest:{k}": v for k, v in manifests.items()},
-                               extra={"generator": dataset_fingerprint(spec["variant"], spec["sizes"], spec["seed"])})
+                               inputs={f"manifest:{k}": v for k, v in manifests.items()}, extra=extra)
     write_json(out_dir / "dataset.json", record)
     print(f"wrote {', '.join(str(p) for p in manifests.values())}")
+    return 0
+
+
+def cmd_download(args) -> int:
+    """Download and verify one source of the source table (resumable, checksummed)."""
+    from .data.download import download_dataset
+    reg = _registry(args)
+    files = download_dataset(args.source, Path(reg.profile["data_root"]), mirror=args.mirror)
+    print(f"{args.source}: verified files in {files.raw_dir}")
     return 0
 
 
@@ -128,6 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spec", action="store_true", help="print each run's full spec as JSON")
     p = sub.add_parser("data", help="generate a synthetic dataset role (embedded profile)")
     p.add_argument("dataset", help="dataset role (docci, dci, vg, urban1k) or 'pretrain'")
+    p = sub.add_parser("download", help="download and verify a source (docci, dci, urban1k, vg_paragraphs, longclip_l)")
+    p.add_argument("source")
+    p.add_argument("--mirror", default=None, help="base URL of a mirror (default: $HNCLIP_MIRROR or the source's URL)")
     p = sub.add_parser("pretrain", help="pretrain the embedded backbone on its synthetic corpus")
     p.add_argument("--backbone")
     p = sub.add_parser("train", help="train one run (resumes from its last checkpoint)")
@@ -145,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-COMMANDS = {"validate": cmd_validate, "runs": cmd_runs, "data": cmd_data, "pretrain": cmd_pretrain,
+COMMANDS = {"validate": cmd_validate, "runs": cmd_runs, "data": cmd_data, "download": cmd_download, "pretrain": cmd_pretrain,
             "train": cmd_train, "evaluate": cmd_evaluate, "stats": cmd_stats, "table": cmd_table,
             "figure": cmd_figure}
 

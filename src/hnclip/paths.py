@@ -23,7 +23,7 @@ def backbone_dir(name: str) -> Path:
 
 def backbone_weights(name: str, kind: str, data_root: str) -> Path:
     if kind == "longclip":
-        return Path(data_root) / "weights" / "longclip-L.pt"
+        return Path(data_root) / "longclip_l" / "raw" / "longclip-L.pt"  # where `hnclip download` puts it
     return backbone_dir(name) / "model.pt"
 
 

@@ -23,7 +23,7 @@ rule pretrain_backbone:
 
 rule download_longclip:
     output:
-        weights=f"{DATA_ROOT}/weights/longclip-L.pt",
+        weights=f"{DATA_ROOT}/longclip_l/raw/longclip-L.pt",
     log:
         f"logs/{PROFILE}/data/longclip_l.log",
     shell:

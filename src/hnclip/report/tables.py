@@ -38,12 +38,21 @@ def collect(reg: Registry, table: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _paper_values(table: str) -> pd.DataFrame | None:
+def canonical_row(row: str) -> str:
+    """`gamma=1.0` and `gamma=1` name the same row: compare settings by value, not spelling."""
+    knob, _, value = row.partition("=")
     try:
-        from .paper_reference import paper_table
-        return paper_table(table)
-    except (ImportError, KeyError, FileNotFoundError):
+        return f"{knob}={float(value):g}"
+    except ValueError:
+        return row
+
+
+def _paper_values(table: str) -> pd.DataFrame | None:
+    from .paper_reference import paper_table, table_names
+    if table not in table_names():
         return None
+    paper = paper_table(table)
+    return paper.assign(row=paper["row"].map(canonical_row))
 
 
 def aggregate(reg: Registry, table: str, per_seed: pd.DataFrame) -> pd.DataFrame:
