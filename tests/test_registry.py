@@ -10,24 +10,41 @@ from hnclip.registry import Registry
 def test_committed_params_validate_and_expand(params, in_project):
     reg = Registry(params)
     cells = reg.cells("table3a")
-    seeds = params["profiles"]["tiny"]["seeds"]
-    assert len(cells) == 5 * 4 * len(seeds)
+    seeds = reg.table_seeds("table3a")
+    assert len(seeds) >= 2 and len(cells) == 5 * 4 * len(seeds)
     # DCI and Long-DCI are evaluated on the same DCI-trained runs: 3 training sets, not 4.
-    assert len(reg.runs()) == 5 * 3 * len(seeds)
-    assert len(reg.evaluations()) == len(cells)
+    assert len({c.run_id for c in cells}) == 5 * 3 * len(seeds)
+    assert len({(c.run_id, c.benchmark) for c in cells}) == len(cells)
 
 
-def test_identical_cells_in_two_tables_are_one_run(params, in_project):
-    params["tables"]["table1_like"] = {
-        "title": "t", "benchmarks": ["docci", "urban1k"], "directions": ["t2i"], "metrics": ["R@1"],
-        "selection": "best", "rows": [{"key": "HN-CLIP", "method": "hn_clip"}, {"key": "FT", "method": "longclip_ft"}]}
+def _runs(reg, table, row, benchmark=None, seed=42):
+    return {c.run_id for c in reg.cells(table)
+            if c.row == row and c.seed == seed and (benchmark is None or c.benchmark == benchmark)}
+
+
+def test_identical_cells_in_several_tables_are_one_run(params, in_project):
     reg = Registry(params)
-    sweep = {c.run_id for c in reg.cells("table3a") if c.row == "gamma=0.5"}
-    hn = {c.run_id for c in reg.cells("table1_like") if c.row == "HN-CLIP"}
-    assert hn <= sweep
-    before = len(Registry(copy.deepcopy({**params, "tables": {"table3a": params["tables"]["table3a"]}})).runs())
-    # Only the Long-CLIP-FT cells (gamma=0, no token term) are new runs.
-    assert len(reg.runs()) == before + 2 * len(params["profiles"]["tiny"]["seeds"])
+    hn_clip = _runs(reg, "table1", "hn_clip")
+    assert len(hn_clip) == 3  # one run per training set (docci, dci, vg)
+    assert _runs(reg, "table3a", "gamma=0.5") == hn_clip
+    assert _runs(reg, "table3c", "recomputed") == hn_clip
+    assert _runs(reg, "table3b", "tok=1,hn=1") <= hn_clip
+    assert _runs(reg, "tableA9", "docci/100%/hn_clip") == _runs(reg, "table1", "hn_clip", "docci")
+    assert _runs(reg, "tableA8", "hn_clip/seed=43", seed=43) == _runs(reg, "table3a", "gamma=0.5", "long_dci", 43)
+    # gamma=0 with the token term is the same experiment as the "+L_tok" ablation row
+    assert _runs(reg, "table3a", "gamma=0", "dci") == _runs(reg, "table3b", "tok=1,hn=0", "dci")
+    # A cross-domain cell reuses the in-domain run: evaluation differs, training does not
+    assert _runs(reg, "tableA10", "docci->dci/hn_clip") == _runs(reg, "table1", "hn_clip", "docci")
+    assert len(reg.runs()) < sum(len({c.run_id for c in reg.cells(t) if c.run_id}) for t in reg.tables)
+
+
+def test_zeroshot_and_not_implemented_rows(params, in_project):
+    reg = Registry(params)
+    zeroshot = {c.run_id for c in reg.cells("table1") if c.row == "longclip_zeroshot"}
+    assert zeroshot == {reg.zeroshot_id()} and reg.zeroshot_id() not in reg.runs()
+    goal = [c for c in reg.cells("table1") if c.row == "goal"]
+    assert goal and all(c.run_id is None and c.status == "not implemented yet" for c in goal)
+    assert all(run for run, _ in reg.evaluations())
 
 
 def test_run_id_is_readable_and_content_addressed(params, in_project):
@@ -50,13 +67,16 @@ def test_changing_one_gamma_changes_only_that_row(params, in_project):
     after = Registry(params)
     changed = {c.row for c in after.cells("table3a")} ^ {c.row for c in before.cells("table3a")}
     assert changed == {"gamma=0.25", "gamma=0.3"}
-    same = set(after.runs()) & set(before.runs())
-    assert len(same) == len(before.runs()) - 3 * len(params["profiles"]["tiny"]["seeds"])
+    new_runs = set(after.runs()) - set(before.runs())
+    assert len(new_runs) == 3 * len(after.table_seeds("table3a"))
+    assert all("-g0.3-" in run for run in new_runs)
 
 
 def test_paper_profile_expands_without_data(params, in_project):
     reg = Registry(params, profile="paper")
-    assert len(reg.runs()) == 15 and all(r.spec["init"]["backbone"] == "longclip_l" for r in reg.runs().values())
+    assert reg.table_seeds("table3a") == [42]
+    assert len({c.run_id for c in reg.cells("table3a")}) == 15
+    assert all(r.spec["init"]["backbone"] == "longclip_l" for r in reg.runs().values())
 
 
 @pytest.mark.parametrize("mutate, message", [

@@ -16,6 +16,11 @@ from .config import ParamsError, validate_params
 from .io import canonical_json
 
 OBJECTIVE_KEYS = ("framework", "gamma", "lambda_tok", "margin")
+# Frameworks this pipeline trains. `none` is evaluated as released (zero-shot); the machinery
+# baselines (finelip, goal, structxlip) keep their table rows, marked not implemented yet.
+TRAINED_FRAMEWORKS = {"full"}
+ZEROSHOT = "none"
+NOT_IMPLEMENTED = "not implemented yet"
 
 
 @dataclass(frozen=True)
@@ -38,7 +43,13 @@ class Cell:
     row: str
     benchmark: str
     seed: int
-    run_id: str
+    run_id: str | None          # None when the row's framework is not implemented yet
+    train_set: str | None = None
+    method: str = ""
+
+    @property
+    def status(self) -> str:
+        return "ok" if self.run_id else NOT_IMPLEMENTED
 
 
 def _fmt(value: float) -> str:
@@ -90,6 +101,11 @@ class Registry:
                 if method not in p["methods"]:
                     raise ParamsError(f"params.yaml: tables.{tname}: unknown method {method!r}; "
                                       f"allowed values: {sorted(p['methods'])}")
+            for i, row in enumerate(table.get("rows", [])):
+                for bench in row.get("benchmarks", []):
+                    if bench not in table["benchmarks"]:
+                        raise ParamsError(f"params.yaml: tables.{tname}.rows.{i}.benchmarks: {bench!r} is not one "
+                                          f"of the table's benchmarks {table['benchmarks']}")
 
     # ---- expansion -----------------------------------------------------------------------------
     def dataset_spec(self, role: str) -> dict:
@@ -117,22 +133,45 @@ class Registry:
         run = self._runs.setdefault(run_id, RunSpec(run_id, spec, digest))
         return run
 
-    def _table_rows(self, table: dict) -> list[tuple[str, dict]]:
-        methods = self.params["methods"]
-        if "rows" in table:
-            return [(row["key"], {**methods[row["method"]], **row.get("set", {})}) for row in table["rows"]]
-        (knob, values), = table["vary"].items()
-        return [(f"{knob}={_fmt(value)}", {**methods[table["method"]], knob: value}) for value in values]
+    def zeroshot_id(self) -> str:
+        """The pseudo-run of the initial backbone evaluated as released (no training)."""
+        digest = hashlib.sha256(canonical_json(self.backbone_spec()).encode()).hexdigest()
+        return f"zeroshot-{self.backbone_name()}-{digest[:8]}"
+
+    def _table_rows(self, name: str) -> list[dict]:
+        """Each row of a table as {key, method, recipe, train, benchmarks, seeds}."""
+        table, methods = self.params["tables"][name], self.params["methods"]
+        seeds = self.table_seeds(name)
+        if "vary" in table:
+            (knob, values), = table["vary"].items()
+            return [{"key": f"{knob}={_fmt(value)}", "method": table["method"],
+                     "recipe": {**methods[table["method"]], knob: value}, "train": None,
+                     "benchmarks": table["benchmarks"], "seeds": seeds} for value in values]
+        return [{"key": row["key"], "method": row["method"], "recipe": {**methods[row["method"]], **row.get("set", {})},
+                 "train": row.get("train"), "benchmarks": row.get("benchmarks", table["benchmarks"]),
+                 "seeds": [row["seed"]] if "seed" in row else seeds} for row in table["rows"]]
+
+    def table_seeds(self, table: str) -> list[int]:
+        """Seeds of a table's cells under this profile (`table_seeds` overrides the profile's `seeds`)."""
+        return self.profile.get("table_seeds", {}).get(table, self.profile["seeds"])
+
+    def _cell_run(self, recipe: dict, train_set: str, seed: int) -> str | None:
+        if recipe["framework"] == ZEROSHOT:
+            return self.zeroshot_id()
+        if recipe["framework"] not in TRAINED_FRAMEWORKS:
+            return None
+        return self.run_spec(train_set, recipe, seed, recipe.get("fraction", 1.0)).run_id
 
     def _expand_table(self, name: str) -> list[Cell]:
-        table = self.params["tables"][name]
         cells = []
-        for row_key, recipe in self._table_rows(table):
-            for bench in table["benchmarks"]:
-                train_set = self.params["benchmarks"][bench]["train"]
-                for seed in self.profile["seeds"]:
-                    run = self.run_spec(train_set, recipe, seed, recipe.get("fraction", 1.0))
-                    cells.append(Cell(name, row_key, bench, seed, run.run_id))
+        for row in self._table_rows(name):
+            zeroshot = row["recipe"]["framework"] == ZEROSHOT
+            for bench in row["benchmarks"]:
+                train_set = row["train"] or self.params["benchmarks"][bench]["train"]
+                for seed in row["seeds"][:1] if zeroshot else row["seeds"]:  # nothing to seed without training
+                    run_id = self._cell_run(row["recipe"], train_set, seed)
+                    cells.append(Cell(name, row["key"], bench, seed, run_id, None if zeroshot else train_set,
+                                      row["method"]))
         return cells
 
     # ---- queries -------------------------------------------------------------------------------
@@ -155,8 +194,11 @@ class Registry:
         return self._runs[run_id]
 
     def evaluations(self, tables: list[str] | None = None) -> list[tuple[str, str]]:
-        pairs = {(c.run_id, c.benchmark) for t in (tables or self.tables) for c in self.cells(t)}
+        pairs = {(c.run_id, c.benchmark) for t in (tables or self.tables) for c in self.cells(t) if c.run_id}
         return sorted(pairs)
+
+    def is_zeroshot(self, run_id: str) -> bool:
+        return run_id == self.zeroshot_id()
 
     def eval_benchmarks(self, train_set: str) -> list[str]:
         """Benchmarks evaluated after every epoch of a run on `train_set` (its in-domain tests)."""
@@ -188,4 +230,5 @@ class Registry:
     def summary(self) -> dict[str, Any]:
         return {"profile": self.profile_name, "unique_runs": len(self._runs),
                 "evaluations": len(self.evaluations()),
-                "cells": {t: len(c) for t, c in self._cells.items()}}
+                "cells": {t: len(c) for t, c in self._cells.items()},
+                "cells_not_implemented": sum(c.run_id is None for cells in self._cells.values() for c in cells)}

@@ -187,6 +187,12 @@ def _summarise_epoch(records: list[dict]) -> dict:
     return summary
 
 
+def _evaluate_all(model, eval_sets: dict, job: TrainJob, device) -> dict:
+    return {name: evaluate_model(model, data, job.evaluation["recall_ks"], job.evaluation["tie_rule"],
+                                 job.execution["eval_batch_size"], device)
+            for name, data in eval_sets.items()}
+
+
 def train(job: TrainJob) -> dict:
     started = time.time()
     spec, execution = job.spec, job.execution
@@ -217,6 +223,8 @@ def train(job: TrainJob) -> dict:
     state = load_checkpoint(job, model, optimizer) or {"epoch": 0, "group": 0, "step": 0, "history": [],
                                                       "steps": [], "epoch_records": []}
     resumed_from = state["step"] if state["step"] else None
+    if "initial_eval" not in state:  # the starting point (zero-shot init), for "does fine-tuning help?"
+        state["initial_eval"] = _evaluate_all(model, eval_sets, job, device)
     progress = tqdm(total=total_steps, initial=state["step"], desc=job.run_id, unit="step",
                     mininterval=1 if sys.stderr.isatty() else 15, file=sys.stderr)
     for epoch in range(state["epoch"], recipe["epochs"]):
@@ -254,11 +262,8 @@ def train(job: TrainJob) -> dict:
             if job.stop_after_steps and state["step"] >= job.stop_after_steps:
                 progress.close()
                 os.kill(os.getpid(), signal.SIGKILL)  # simulate a scheduler kill (tests)
-        epoch_eval = {name: evaluate_model(model, data, job.evaluation["recall_ks"], job.evaluation["tie_rule"],
-                                           execution["eval_batch_size"], device)
-                      for name, data in eval_sets.items()}
         entry = {"epoch": epoch + 1, "step": state["step"], "train": _summarise_epoch(state["epoch_records"]),
-                 "eval": epoch_eval, "weights_sha256": weights_digest(model)}
+                 "eval": _evaluate_all(model, eval_sets, job, device), "weights_sha256": weights_digest(model)}
         if execution.get("keep_epoch_weights"):
             save_weights(model, job.model_config, job.checkpoint_dir / f"epoch_{epoch + 1:02d}.pt")
         state["history"].append(entry)
@@ -285,7 +290,8 @@ def _write_outputs(job: TrainJob, model, state: dict, init: dict, wall: float, r
     record = provenance.record(
         "train", inputs=inputs, spec=job.spec, spec_hash=job.spec_hash, wall_time_s=wall,
         device={"type": str(device), "threads": job.execution["threads"]},
-        extra={"run_id": job.run_id, "init": init, "history": state["history"],
+        extra={"run_id": job.run_id, "init": init, "initial_eval": state["initial_eval"],
+               "history": state["history"],
                "outputs": {"model": {"path": str(model_path), "sha256": provenance.file_sha256(model_path)}},
                "resumed_from_step": resumed_from, "optimizer_steps": state["step"],
                "final_weights_sha256": state["history"][-1]["weights_sha256"] if state["history"] else None,

@@ -40,6 +40,13 @@ def train_inputs(wildcards):
             "test_data": sorted(str(dataset_marker(role)) for role in tests)}
 
 
+def evaluate_inputs(wildcards):
+    data = {"data": test_data(wildcards.benchmark)}
+    if REG.is_zeroshot(wildcards.run):
+        return {**data, "init": backbone_weights()}
+    return {**data, "model": paths.run_model(wildcards.run), "record": paths.run_record(wildcards.run)}
+
+
 def test_data(benchmark):
     return dataset_marker(REG.params["benchmarks"][benchmark]["test"]["dataset"])
 

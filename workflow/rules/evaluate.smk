@@ -1,12 +1,11 @@
 # Recall@K of one run on one benchmark: best epoch (from the per-epoch record) and last epoch
-# (re-encoded from the final weights and checked against the training record).
+# (re-encoded from the final weights and checked against the training record). The zero-shot
+# pseudo-run evaluates the initial backbone as released.
 
 
 rule evaluate:
     input:
-        model="results/runs/{run}/model.pt",
-        record="results/runs/{run}/train.json",
-        data=lambda w: test_data(w.benchmark),
+        unpack(evaluate_inputs),
     output:
         "results/evals/{run}/{benchmark}.json",
     params:

@@ -10,6 +10,11 @@ from ..registry import Registry
 from . import tables
 
 
+def _records(frame) -> list[dict]:
+    """Rows as JSON-safe dicts (missing values as null, not NaN)."""
+    return frame.astype(object).where(frame.notna(), None).to_dict(orient="records")
+
+
 def build_table(reg: Registry, table: str) -> list[Path]:
     started = time.time()
     spec = reg.params["tables"][table]
@@ -25,8 +30,8 @@ def build_table(reg: Registry, table: str) -> list[Path]:
         "table", inputs=tables.eval_inputs(reg, table), params={"profile": reg.profile_name, "table": spec},
         wall_time_s=time.time() - started,
         extra={"table": table, "selection": spec["selection"],
-               "cells": per_seed[["row", "benchmark", "direction", "metric", "seed", "run_id", "epoch",
-                                  "eval_file", "value"]].to_dict(orient="records"),
+               "cells": _records(per_seed[["row", "benchmark", "direction", "metric", "seed", "status", "run_id",
+                                           "epoch", "eval_file", "value"]]),
                "outputs": {str(p): provenance.file_sha256(p) for p in written}})
     record_path = paths.table(table, "provenance.json")
     write_json(record_path, record)

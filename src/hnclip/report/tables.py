@@ -5,11 +5,12 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from .. import paths
 from ..io import read_json
-from ..registry import Registry
+from ..registry import NOT_IMPLEMENTED, Registry
 
 DIRECTION_LABELS = {"t2i": "T→I", "i2t": "I→T"}
 DIRECTION_LATEX = {"t2i": r"T$\to$I", "i2t": r"I$\to$T"}
@@ -21,20 +22,23 @@ def column_key(benchmark: str, direction: str, metric: str) -> str:
 
 
 def collect(reg: Registry, table: str) -> pd.DataFrame:
-    """One row per (cell, seed): the selected epoch's value read from the evaluation record."""
+    """One row per (cell, seed): the selected epoch's value read from the evaluation record, or
+    NaN with status "not implemented yet" for rows whose framework this pipeline does not train."""
     spec = reg.params["tables"][table]
     selection = spec["selection"]
     rows = []
     for cell in reg.cells(table):
-        path = paths.evaluation(cell.run_id, cell.benchmark)
-        record = read_json(path)
-        chosen = record[selection]
+        chosen, path = None, None
+        if cell.run_id:
+            path = paths.evaluation(cell.run_id, cell.benchmark)
+            chosen = read_json(path)[selection]
         for direction in spec["directions"]:
             for metric in spec["metrics"]:
                 rows.append({"table": table, "row": cell.row, "benchmark": cell.benchmark,
-                             "direction": direction, "metric": metric, "seed": cell.seed,
-                             "run_id": cell.run_id, "epoch": chosen["epoch"], "eval_file": str(path),
-                             "value": chosen["metrics"][direction][metric]})
+                             "direction": direction, "metric": metric, "seed": cell.seed, "status": cell.status,
+                             "run_id": cell.run_id, "epoch": chosen["epoch"] if chosen else None,
+                             "eval_file": str(path) if path else None,
+                             "value": chosen["metrics"][direction][metric] if chosen else math.nan})
     return pd.DataFrame(rows)
 
 
@@ -66,6 +70,7 @@ def aggregate(reg: Registry, table: str, per_seed: pd.DataFrame) -> pd.DataFrame
     both = pd.concat(frames, ignore_index=True)
     grouped = both.groupby(keys, sort=False)["value"]
     out = grouped.agg(ours_mean="mean", ours_min="min", ours_max="max", ours_sd="std", n_seeds="count").reset_index()
+    out["status"] = np.where(out["n_seeds"] > 0, "ok", NOT_IMPLEMENTED)
     out["ours_sd"] = out["ours_sd"].fillna(0.0)
     out.insert(0, "table", table)
     out["selection"] = spec["selection"]
@@ -108,6 +113,8 @@ def _lookup(frame: pd.DataFrame, row: str, col: tuple[str, str, str]) -> pd.Seri
 
 
 def _fmt_ours(cell: pd.Series, bold: str) -> str:
+    if cell["status"] != "ok":
+        return "n/i"
     text = f"{cell['ours_mean']:.2f}"
     if cell["n_seeds"] > 1:
         text += f" ±{(cell['ours_max'] - cell['ours_min']) / 2:.2f}"
@@ -154,6 +161,8 @@ def to_markdown(reg: Registry, table: str, frame: pd.DataFrame) -> str:
     context = {"profile": reg.profile_name, "seeds": reg.profile["seeds"], "selection": spec["selection"]}
     out = [f"# {spec['title']}", "",
            f"Profile `{reg.profile_name}`; epoch selection: **{spec['selection']}**; best per column in bold.", ""]
+    if (frame["status"] != "ok").any():
+        out += [f"n/i: {NOT_IMPLEMENTED} (the baseline's own framework is a later issue); its paper values are shown.", ""]
     if reg.profile_name != "paper":
         out += ["> The reproduced numbers come from the embedded miniature (synthetic benchmarks, tiny CLIP):",
                 "> a different scale from the paper. Compare directions of effect, not absolute values.", ""]
@@ -186,4 +195,4 @@ def to_latex(reg: Registry, table: str, frame: pd.DataFrame) -> str:
 
 
 def eval_inputs(reg: Registry, table: str) -> dict[str, Path]:
-    return {f"{c.run_id}/{c.benchmark}": paths.evaluation(c.run_id, c.benchmark) for c in reg.cells(table)}
+    return {f"{c.run_id}/{c.benchmark}": paths.evaluation(c.run_id, c.benchmark) for c in reg.cells(table) if c.run_id}

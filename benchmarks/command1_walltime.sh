@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Wall time of README command 1 on a fresh clone: cold (nothing built) and no-op (second run).
+# Usage: benchmarks/command1_walltime.sh [clone-dir]   -> appends a JSON line to benchmarks/results/command1.jsonl
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+work=${1:-$(mktemp -d)/hnclip-repro}
+git clone -q "$here" "$work"
+# Reuse the project's venv (building it is measured separately by setup.sh's own log).
+ln -s "$here/.venv" "$work/.venv"
+cd "$work"
+export DVC_NO_ANALYTICS=1
+t0=$(date +%s.%N); ./setup.sh >/dev/null && .venv/bin/dvc repro >"$work/cold.log" 2>&1; t1=$(date +%s.%N)
+./setup.sh >/dev/null && .venv/bin/dvc repro >"$work/noop.log" 2>&1; t2=$(date +%s.%N)
+python3 - "$t0" "$t1" "$t2" "$(git rev-parse HEAD)" "$(nproc)" >>"$here/benchmarks/results/command1.jsonl" <<'PY'
+import json, sys, datetime
+t0, t1, t2 = map(float, sys.argv[1:4])
+print(json.dumps({"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                  "commit": sys.argv[4], "cpus": int(sys.argv[5]),
+                  "cold_s": round(t1 - t0, 1), "noop_s": round(t2 - t1, 1)}))
+PY
+tail -n 1 "$here/benchmarks/results/command1.jsonl"

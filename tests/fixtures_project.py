@@ -1,0 +1,45 @@
+"""A real micro project (git + DVC + Snakemake, test_workflow's micro params), built once per session.
+
+Tests that need real artifacts (tables, evaluations, checkpoints, manifests, dvc.lock) import
+`micro_project` and copy it with `copy_project` before changing anything, so each case starts clean.
+"""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from test_workflow import ROOT, VENV_BIN, micro_params, run
+
+PROJECT_FILES = ("Snakefile", "dvc.yaml", ".gitignore", ".dvcignore")
+
+
+def build_micro_project(proj: Path) -> Path:
+    """Lay out a fresh project in `proj`, commit it and run `dvc repro` once."""
+    proj.mkdir(parents=True, exist_ok=True)
+    for name in PROJECT_FILES:
+        shutil.copy(ROOT / name, proj / name)
+    shutil.copytree(ROOT / "workflow", proj / "workflow")
+    shutil.copytree(ROOT / ".dvc", proj / ".dvc", ignore=shutil.ignore_patterns("tmp", "cache"))
+    # A copy, not a link: dvc.lock hashes src/hnclip, and edits others make to the live tree while
+    # the tests run must not look like "code changed since dvc repro". The jobs still import the
+    # installed (editable) package.
+    shutil.copytree(ROOT / "src" / "hnclip", proj / "src" / "hnclip", ignore=shutil.ignore_patterns("__pycache__"))
+    (proj / ".venv").symlink_to(VENV_BIN.parent)
+    (proj / "params.yaml").write_text(yaml.safe_dump(micro_params(), sort_keys=False))
+    run("git init -q && git add -A && git commit -qm init", proj)
+    run(".venv/bin/dvc repro", proj)
+    return proj
+
+
+def copy_project(source: Path, dest: Path) -> Path:
+    """An independent copy (own git repo, own DVC state) to tamper with."""
+    shutil.copytree(source, dest, symlinks=True, ignore=shutil.ignore_patterns("tmp"))
+    return dest
+
+
+@pytest.fixture(scope="session")
+def micro_project(tmp_path_factory) -> Path:
+    return build_micro_project(tmp_path_factory.mktemp("micro") / "proj")
