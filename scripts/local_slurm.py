@@ -56,6 +56,8 @@ class ClusterHandle:
     partition: str
     cpus: int
     memory_mb: int
+    gpus: int
+    gpu_type: str
     pids: dict[str, int]
 
     def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -124,12 +126,29 @@ def node_memory_mb() -> int:
     return max(256, int(pages * page_size / 2**20 * 0.9))
 
 
-def slurm_conf_text(root: Path, node: str, cpus: int, memory_mb: int, ports: tuple[int, int]) -> str:
+@dataclass
+class NodeShape:
+    """What the node offers. Declared sizes above the real ones are honoured (config_overrides), so
+    a laptop can accept the paper profile's requests (8 CPUs, 64 GB, an A100) and run them on CPU."""
+    cpus: int
+    memory_mb: int
+    gpus: int = 0
+    gpu_type: str = "a100"
+    overrides: bool = False
+
+    def node_line(self, node: str) -> str:
+        gres = f" Gres=gpu:{self.gpu_type}:{self.gpus}" if self.gpus else ""
+        return f"NodeName={node} NodeAddr=127.0.0.1 CPUs={self.cpus} RealMemory={self.memory_mb}{gres} State=UNKNOWN"
+
+
+def slurm_conf_text(root: Path, node: str, shape: NodeShape, ports: tuple[int, int]) -> str:
     ctld_port, slurmd_port = ports
+    extra = "GresTypes=gpu\n" if shape.gpus else ""
+    extra += "SlurmdParameters=config_overrides\n" if shape.overrides or shape.gpus else ""
     return f"""\
 # Written by scripts/local_slurm.py: a one-node cluster for testing, everything under {root}.
 ClusterName=hnclip-local
-SlurmctldHost={node}(127.0.0.1)
+{extra}SlurmctldHost={node}(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
 SlurmctldPort={ctld_port}
@@ -156,9 +175,19 @@ JobCompType=jobcomp/none
 MpiDefault=none
 ReturnToService=2
 MinJobAge={MIN_JOB_AGE_S}
-NodeName={node} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory={memory_mb} State=UNKNOWN
+{shape.node_line(node)}
 PartitionName={PARTITION} Nodes={node} Default=YES MaxTime=INFINITE State=UP
 """
+
+
+def write_fake_gpus(root: Path, node: str, shape: NodeShape) -> None:
+    """GPU GRES backed by /dev/null: SLURM schedules them and sets CUDA_VISIBLE_DEVICES per job."""
+    dev = root / "dev"
+    dev.mkdir(exist_ok=True)
+    for index in range(shape.gpus):
+        (dev / f"gpu{index}").symlink_to("/dev/null")  # gres/gpu wants a device file; the index is its suffix
+    files = f"{dev}/gpu[0-{shape.gpus - 1}]" if shape.gpus > 1 else f"{dev}/gpu0"
+    (root / "gres.conf").write_text(f"AutoDetect=off\nNodeName={node} Name=gpu Type={shape.gpu_type} File={files}\n")
 
 
 def write_srun_shim(shim_dir: Path, slurm_conf: Path) -> None:
@@ -173,7 +202,6 @@ def write_srun_shim(shim_dir: Path, slurm_conf: Path) -> None:
 def prepare_dir(root: Path) -> None:
     for sub in ("munge", "state", "spool", "run", "log", "bin"):
         (root / sub).mkdir(parents=True, exist_ok=True)
-    (root / "munge").chmod(0o700)  # munged refuses a key or socket directory others can write to
 
 
 # ---- daemons -------------------------------------------------------------------------------------
@@ -231,31 +259,44 @@ def alive(pid: int) -> bool:
         return True
 
 
-def start_cluster(directory: Path | str | None = None, cpus: int | None = None,
-                  memory_mb: int | None = None, timeout_s: float = 60) -> ClusterHandle:
-    """Install if needed, start munged + slurmctld + slurmd under `directory`, wait for an idle node."""
+def start_cluster(directory: Path | str | None = None, cpus: int | None = None, memory_mb: int | None = None,
+                  gpus: int = 0, gpu_type: str = "a100", timeout_s: float = 60) -> ClusterHandle:
+    """Install if needed, start munged + slurmctld + slurmd under `directory`, wait for an idle node.
+
+    By default the node offers this machine's CPUs and memory and no GPU. `cpus`/`memory_mb` declare
+    other sizes and `gpus` adds fake GPUs of GRES type `gpu_type` (jobs still run on the CPU).
+    """
     ensure_packages()
     root = Path(directory or tempfile.mkdtemp(prefix="hnclip-slurm-")).resolve()
     prepare_dir(root)
     node = socket.gethostname().split(".")[0]
+    shape = NodeShape(cpus=cpus or os.cpu_count() or 1, memory_mb=memory_mb or node_memory_mb(), gpus=gpus,
+                      gpu_type=gpu_type, overrides=bool(cpus or memory_mb))
     handle = ClusterHandle(dir=root, slurm_conf=root / "slurm.conf", shim_dir=root / "bin", node=node,
-                           partition=PARTITION, cpus=cpus or os.cpu_count() or 1,
-                           memory_mb=memory_mb or node_memory_mb(), pids={})
-    handle.slurm_conf.write_text(slurm_conf_text(root, node, handle.cpus, handle.memory_mb, (free_port(), free_port())))
+                           partition=PARTITION, cpus=shape.cpus, memory_mb=shape.memory_mb, gpus=gpus,
+                           gpu_type=gpu_type, pids={})
+    handle.slurm_conf.write_text(slurm_conf_text(root, node, shape, (free_port(), free_port())))
+    if gpus:
+        write_fake_gpus(root, node, shape)
     write_srun_shim(handle.shim_dir, handle.slurm_conf)
-    env = handle.env()
     try:
-        handle.pids["munged"] = start_munged(root, env)
-        handle.save()
-        handle.pids["slurmctld"] = spawn("slurmctld", ["slurmctld", "-D", "-i"], root, env)  # -i: ignore old state
-        handle.save()
-        handle.pids["slurmd"] = spawn("slurmd", ["slurmd", "-D", "-N", node], root, env)
-        handle.save()
-        wait_for(lambda: node_states(env) == ["idle"], timeout_s, f"node {node} to be idle", root)
+        start_daemons(handle, timeout_s)
     except BaseException:
-        stop_cluster(handle)
+        stop_cluster(handle, remove_dir=directory is None)  # keep a caller's directory for its logs
         raise
     return handle
+
+
+def start_daemons(handle: ClusterHandle, timeout_s: float = 60) -> None:
+    """munged, then slurmctld, then slurmd; each PID is saved as soon as it exists."""
+    root, env = handle.dir, handle.env()
+    handle.pids["munged"] = start_munged(root, env)
+    handle.save()
+    handle.pids["slurmctld"] = spawn("slurmctld", ["slurmctld", "-D", "-i"], root, env)  # -i: ignore old state
+    handle.save()
+    handle.pids["slurmd"] = spawn("slurmd", ["slurmd", "-D", "-N", handle.node], root, env)
+    handle.save()
+    wait_for(lambda: node_states(env) == ["idle"], timeout_s, f"node {handle.node} to be idle", root)
 
 
 def cancel_all_jobs(handle: ClusterHandle, timeout_s: float = 20) -> None:
@@ -315,15 +356,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dir", default=None, help="state directory (default: a new temporary directory)")
     p.add_argument("--cpus", type=int, default=None, help="CPUs the node offers (default: all)")
     p.add_argument("--memory-mb", type=int, default=None, help="memory the node offers (default: 90%% of RAM)")
+    p.add_argument("--gpus", type=int, default=0, help="fake GPUs the node offers (GRES backed by /dev/null)")
+    p.add_argument("--gpu-type", default="a100", help="GRES type of the fake GPUs (default: a100)")
     for name, text in (("stop", "cancel all jobs, stop the daemons, remove the directory"),
                        ("status", "daemon PIDs and sinfo")):
         sub.add_parser(name, help=text).add_argument("--dir", required=True)
     args = parser.parse_args(argv)
     try:
         if args.command == "start":
-            handle = start_cluster(args.dir, cpus=args.cpus, memory_mb=args.memory_mb)
+            handle = start_cluster(args.dir, cpus=args.cpus, memory_mb=args.memory_mb, gpus=args.gpus,
+                                   gpu_type=args.gpu_type)
             print(f"# SLURM cluster up: node {handle.node}, partition {handle.partition}, "
-                  f"{handle.cpus} CPUs, {handle.memory_mb} MB; state in {handle.dir / STATE_FILE}")
+                  f"{handle.cpus} CPUs, {handle.memory_mb} MB, {handle.gpus} GPUs; state in {handle.dir / STATE_FILE}")
             print(handle.exports())
             print(f"# stop with: python {sys.argv[0]} stop --dir {handle.dir}")
             return 0

@@ -51,7 +51,7 @@ def _row(id_: str, image: str, split: str) -> ManifestRow:
 @pytest.fixture(scope="module")
 def datasets(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("overlap")
-    vg = write_dataset(root / "vg", "vg", {"train": 40}, seed=3)["train"]
+    vg = write_dataset(root / "vg", "vg", {"train": 64}, seed=3)["train"]
     urban = write_dataset(root / "urban", "urban", {"test": 12}, seed=3)["test"]
     # One scene per family: a family's one-edit siblings are near-duplicate images by construction
     # (one object recoloured in a 64-px picture), which a perceptual hash rightly calls close.
@@ -73,7 +73,7 @@ def datasets(tmp_path_factory) -> dict:
                   for r in read_manifest(urban)]
     test = test_dir / "test.jsonl"
     write_manifest(test, test_rows)
-    return {"root": root, "train": train, "test": test, "expected": expected, "n_train": len(train_rows),
+    return {"root": root, "train": train, "test": test, "vg": vg, "expected": expected, "n_train": len(train_rows),
             "urban_ids": {r.id for r in read_manifest(urban)}}
 
 
@@ -99,6 +99,23 @@ def test_hash_has_hash_size_squared_bits_and_is_deterministic(method, datasets):
     assert first == overlap.hash_image(path, method)
     assert first.bit_length() <= overlap.DEFAULT_HASH_SIZE ** 2
     assert overlap.hash_image(path, method, hash_size=8).bit_length() <= 64
+
+
+def test_exif_rotated_copy_hashes_like_the_original(datasets, tmp_path):
+    path = read_manifest(datasets["train"])[0].image
+    original = Image.open(path).convert("RGB")
+    exif = Image.Exif()
+    exif[0x0112] = 6  # Orientation: the viewer rotates the stored pixels 90 degrees clockwise
+    rotated = tmp_path / "rotated.jpg"
+    original.transpose(Image.Transpose.ROTATE_90).save(rotated, quality=95, exif=exif)
+    distance = bin(overlap.hash_image(path) ^ overlap.hash_image(rotated)).count("1")
+    assert distance <= overlap.DEFAULT_MAX_DISTANCE
+
+
+def test_threaded_hashing_matches_serial(datasets):
+    paths = [row.image for row in read_manifest(datasets["vg"])]
+    assert len(paths) >= 64  # enough for the thread pool to be used
+    assert overlap.image_hashes(paths, workers=4) == overlap.image_hashes(paths, workers=1)
 
 
 def test_hamming_matrix_matches_python_popcount():

@@ -110,27 +110,42 @@ def cmd_stats(args) -> int:
 
 
 def cmd_table(args) -> int:
-    from .report.build import build_table
+    from .report import build
     reg = _registry(args)
-    for path in build_table(reg, args.table):
+    if args.table == "tableA1":
+        written = build.build_caption_geometry_table(reg)
+    elif args.table in reg.params["tables"]:
+        written = build.build_table(reg, args.table)
+    else:
+        print(f"error: unknown table {args.table!r}; allowed values: {['tableA1', *reg.params['tables']]}",
+              file=sys.stderr)
+        return 2
+    for path in written:
         print(f"wrote {path}")
     return 0
 
 
 def cmd_figure(args) -> int:
-    import pandas as pd
-
-    from .report.figures import FIGURES
+    from .report.figures import draw
     reg = _registry(args)
-    kind = reg.params["tables"][args.table].get("figure")
-    if not kind:
-        raise SystemExit(f"table {args.table!r} has no figure in params.yaml")
-    frame = pd.read_csv(paths.table(args.table, "csv"))
-    labels = {name: b["label"] for name, b in reg.params["benchmarks"].items()}
-    for path in FIGURES[kind](frame, labels, paths.figure(f"{args.table}_{kind}", "png").with_suffix(""),
-                              reg.profile_name):
+    if args.figure not in reg.params["figures"]:
+        print(f"error: unknown figure {args.figure!r}; allowed values: {sorted(reg.params['figures'])}", file=sys.stderr)
+        return 2
+    for path in draw(reg, args.figure):
         print(f"wrote {path}")
     return 0
+
+
+def cmd_cell(args) -> int:
+    from . import cell
+    reg = _registry(args)
+    settings = dict(item.split("=", 1) for item in args.set)
+    try:
+        cells = cell.resolve(reg, args.table, args.dataset, settings)
+    except (cell.CellError, KeyError) as exc:
+        print(f"error: {exc.args[0]}", file=sys.stderr)
+        return 2
+    return cell.run(reg, cells, dry_run=args.dry_run)
 
 
 # ---- parser ------------------------------------------------------------------------------------
@@ -162,14 +177,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--benchmark", required=True)
     p = sub.add_parser("table", help="build a paper table (md, tex, csv) and its figure")
     p.add_argument("table")
-    p = sub.add_parser("figure", help="draw a table's figure (png, pdf) from its CSV")
+    p = sub.add_parser("cell", help="build just one table cell (its run and evaluation) and print where it is")
     p.add_argument("table")
+    p.add_argument("--dataset", help="benchmark of the cell (docci, dci, long_dci, urban1k)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="select by row, seed or a method setting, e.g. --set gamma=0.25 --set seed=43")
+    p.add_argument("-n", "--dry-run", action="store_true", help="show what would run")
+    p = sub.add_parser("figure", help="draw a figure of params.yaml's figures (png, pdf)")
+    p.add_argument("figure")
     return parser
 
 
 COMMANDS = {"validate": cmd_validate, "runs": cmd_runs, "data": cmd_data, "download": cmd_download, "pretrain": cmd_pretrain,
             "train": cmd_train, "evaluate": cmd_evaluate, "stats": cmd_stats, "table": cmd_table,
-            "figure": cmd_figure}
+            "figure": cmd_figure, "cell": cmd_cell}
 
 
 def main(argv: list[str] | None = None) -> int:

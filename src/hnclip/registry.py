@@ -46,6 +46,7 @@ class Cell:
     run_id: str | None          # None when the row's framework is not implemented yet
     train_set: str | None = None
     method: str = ""
+    settings: tuple = ()        # the row's resolved method settings, as sorted (key, value) pairs
 
     @property
     def status(self) -> str:
@@ -102,10 +103,25 @@ class Registry:
                     raise ParamsError(f"params.yaml: tables.{tname}: unknown method {method!r}; "
                                       f"allowed values: {sorted(p['methods'])}")
             for i, row in enumerate(table.get("rows", [])):
+                if row["method"] not in p["methods"]:
+                    raise ParamsError(f"params.yaml: tables.{tname}.rows.{i}.method: unknown method {row['method']!r}; "
+                                      f"allowed values: {sorted(p['methods'])}")
                 for bench in row.get("benchmarks", []):
                     if bench not in table["benchmarks"]:
                         raise ParamsError(f"params.yaml: tables.{tname}.rows.{i}.benchmarks: {bench!r} is not one "
                                           f"of the table's benchmarks {table['benchmarks']}")
+
+        for fname, figure in p.get("figures", {}).items():
+            for table in [figure.get("table")] + [s["table"] for s in figure.get("series", [])]:
+                if table is not None and table not in p["tables"]:
+                    raise ParamsError(f"params.yaml: figures.{fname}: unknown table {table!r}; "
+                                      f"allowed values: {sorted(p['tables'])}")
+
+    def figure_tables(self, name: str) -> list[str]:
+        """Tables whose cells a figure draws (none for the caption-geometry figures)."""
+        figure = self.params["figures"][name]
+        tables = [figure["table"]] if "table" in figure else [s["table"] for s in figure.get("series", [])]
+        return list(dict.fromkeys(tables))
 
     # ---- expansion -----------------------------------------------------------------------------
     def dataset_spec(self, role: str) -> dict:
@@ -171,7 +187,7 @@ class Registry:
                 for seed in row["seeds"][:1] if zeroshot else row["seeds"]:  # nothing to seed without training
                     run_id = self._cell_run(row["recipe"], train_set, seed)
                     cells.append(Cell(name, row["key"], bench, seed, run_id, None if zeroshot else train_set,
-                                      row["method"]))
+                                      row["method"], tuple(sorted(row["recipe"].items()))))
         return cells
 
     # ---- queries -------------------------------------------------------------------------------

@@ -3,12 +3,20 @@ evaluation after every epoch, resumable checkpoints, a step log and non-finite-l
 
 The contrastive softmax runs over one micro-batch (as in the paper: micro-batch 16, 8x
 accumulation = effective batch 128). Data order is a pure function of (seed, epoch), and the
-resume checkpoint holds model, optimizer, position and RNG state, so a killed run that is
-restarted reaches the same weights as an uninterrupted one.
+resume checkpoint holds the trained weights, optimizer, position and RNG state, so a killed run
+that is restarted reaches the same weights as an uninterrupted one.
+
+Options (all off by default; the default path is the plain loop above):
+  objective.framework  full | lora | dora  (`hnclip.training.frameworks`; recipe.adapter)
+  recipe.precision     bf16 autocast on cuda/npu, fp32 elsewhere; losses always in fp32
+  recipe.exact_batch   each accumulation group is one contrastive batch (`hnclip.training.exact_batch`)
+  execution.grad_probe_every  L_CLIP vs L_HN gradient probe (`hnclip.training.probe`)
+  torchrun             multi-process data parallelism (`hnclip.training.distributed`)
 """
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import os
 import signal
@@ -22,14 +30,18 @@ from tqdm import tqdm
 
 from . import provenance
 from .data.loader import PairDataset, subset_indices
+from .device import AUTOCAST_DEVICE_TYPES, autocast_context
 from .evaluate import evaluate_model
-from .io import atomic_path, sha256_bytes, write_json, write_jsonl
-from .losses import hn_loss, infonce_loss, token_alignment_loss
+from .io import atomic_path, write_json, write_jsonl
 from .models.factory import load_backbone, save_weights
-from .models.towers import encode_batch, encode_text
+from .training.distributed import Distributed, distributed_session
+from .training.exact_batch import exact_batch_backward
+from .training.frameworks import TrainedModel, weights_digest
+from .training.objective import TOKEN_LOSS_CHUNK, loss_terms  # noqa: F401 - part of this module's API
+from .training.probe import GradientProbe, probe_summary
 
 SATURATION_THRESHOLD = 1e-3
-TOKEN_LOSS_CHUNK = 16  # captions per chunk of the token-level term: bounds its memory at paper scale
+LOSS_TERMS = ("infonce", "hn", "tok", "total")
 
 
 class NonFiniteLossError(RuntimeError):
@@ -99,47 +111,14 @@ def frozen_text_encoder(model: torch.nn.Module) -> torch.nn.Module:
     return frozen
 
 
-def loss_terms(model, images, tokens, objective: dict, frozen_text=None) -> dict[str, torch.Tensor]:
-    """The objective's named terms for one micro-batch; `total` is what is back-propagated.
-    `infonce` (plain InfoNCE on the same features, no gradient) is always logged: it is the
-    saturation diagnostic of paper Fig. 4 even when the trained objective is L_HN."""
-    gamma, lambda_tok = objective["gamma"], objective["lambda_tok"]
-    enc = encode_batch(model, images, tokens, with_tokens=lambda_tok > 0)
-    scale = model.logit_scale.exp()
-    terms = {}
-    if gamma > 0:
-        margin_features = None
-        if objective["margin"] == "frozen":
-            with torch.no_grad():
-                margin_features = encode_text(frozen_text, tokens)
-        terms["hn"] = hn_loss(enc.image_features, enc.text_features, scale, gamma, margin_features)
-        with torch.no_grad():
-            terms["infonce"] = infonce_loss(enc.image_features, enc.text_features, scale)
-        total = terms["hn"]
-    else:
-        terms["infonce"] = infonce_loss(enc.image_features, enc.text_features, scale)
-        total = terms["infonce"]
-    if lambda_tok > 0:
-        terms["tok"] = token_alignment_loss(enc.image_tokens, enc.text_tokens, enc.text_padding_mask, scale,
-                                            chunk_size=TOKEN_LOSS_CHUNK)
-        total = total + lambda_tok * terms["tok"]
-    terms["total"] = total
-    return terms
-
-
 def gradient_norm(model: torch.nn.Module) -> float:
     norms = [p.grad.detach().norm(2) for p in model.parameters() if p.grad is not None]
     return float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
 
 
-def weights_digest(model: torch.nn.Module) -> str:
-    """sha256 over the raw bytes of the state dict, in key order: names the exact epoch weights."""
-    import hashlib
-    digest = hashlib.sha256()
-    for key, tensor in model.state_dict().items():
-        digest.update(key.encode())
-        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
+def effective_precision(device: torch.device, requested: str) -> str:
+    """bf16 only where `autocast_context` turns autocast on (cuda, npu); fp32 elsewhere."""
+    return "bf16" if requested == "bf16" and device.type in AUTOCAST_DEVICE_TYPES else "fp32"
 
 
 # ---- checkpoints -------------------------------------------------------------------------------
@@ -147,14 +126,15 @@ def _checkpoint_path(job: TrainJob) -> Path:
     return job.checkpoint_dir / "last.pt"
 
 
-def save_checkpoint(job: TrainJob, model, optimizer, state: dict) -> None:
-    payload = {"spec_hash": job.spec_hash, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+def save_checkpoint(job: TrainJob, trained: TrainedModel, optimizer, state: dict) -> None:
+    """Full runs store the model; adapter runs only the adapters (the frozen base is re-loaded)."""
+    payload = {"spec_hash": job.spec_hash, **trained.checkpoint_state(), "optimizer": optimizer.state_dict(),
                "state": state, "rng": torch.get_rng_state()}
     with atomic_path(_checkpoint_path(job)) as tmp:
         torch.save(payload, tmp)
 
 
-def load_checkpoint(job: TrainJob, model, optimizer) -> dict | None:
+def load_checkpoint(job: TrainJob, trained: TrainedModel, optimizer) -> dict | None:
     path = _checkpoint_path(job)
     if not path.exists():
         return None
@@ -162,24 +142,58 @@ def load_checkpoint(job: TrainJob, model, optimizer) -> dict | None:
     if payload["spec_hash"] != job.spec_hash:
         raise RuntimeError(f"{path} belongs to a different run spec ({payload['spec_hash'][:8]} != "
                            f"{job.spec_hash[:8]}); delete {job.checkpoint_dir} to start this run afresh")
-    model.load_state_dict(payload["model"])
+    trained.restore(payload, path)
     optimizer.load_state_dict(payload["optimizer"])
     torch.set_rng_state(payload["rng"])
     return payload["state"]
 
 
+def _fresh_state() -> dict:
+    return {"epoch": 0, "group": 0, "step": 0, "history": [], "steps": [], "epoch_records": [], "grad_probe": []}
+
+
+# ---- one optimizer step's gradient -------------------------------------------------------------
+def _require_finite(values: dict, job: TrainJob, epoch: int, step: int) -> None:
+    if not all(math.isfinite(v) for name, v in values.items() if name in LOSS_TERMS):
+        raise NonFiniteLossError(
+            f"{job.run_id}: non-finite loss at epoch {epoch + 1}, optimizer step {step + 1} "
+            f"({values}); no update was applied and the last good checkpoint "
+            f"({_checkpoint_path(job)}, step {step}) is kept. Lower the learning rate or "
+            f"check the data, then rerun to resume from it.")
+
+
+def _micro_batch_backward(model, batches, objective, frozen_text, autocast, check) -> list[dict]:
+    """Default mode: each micro-batch is its own contrastive batch; gradients are averaged."""
+    records = []
+    for images, tokens in batches:
+        terms = loss_terms(model, images, tokens, objective, frozen_text, autocast)
+        values = {name: float(value.detach()) for name, value in terms.items()}
+        check(values)
+        (terms["total"] / len(batches)).backward()
+        records.append(values)
+    return records
+
+
+def _exact_batch_backward(model, batches, objective, frozen_text, autocast, check) -> list[dict]:
+    record = exact_batch_backward(model, batches, objective, frozen_text, autocast)
+    check(record)  # after backward, but still before the optimizer step: no update is applied
+    return [record]
+
+
+def _step_record(step: int, epoch: int, lr: float, grad_norm: float, model, records: list[dict],
+                 batch_mode: str, contrastive_batch: int) -> dict:
+    return {"step": step, "epoch": epoch + 1, "lr": lr, "grad_norm": grad_norm,
+            "logit_scale": float(model.logit_scale.detach().exp()),
+            **{f"{k}_mean": sum(r[k] for r in records) / len(records) for k in records[0] if k in LOSS_TERMS},
+            "saturated_frac": sum(r["infonce"] < SATURATION_THRESHOLD for r in records) / len(records),
+            "batch_mode": batch_mode, "contrastive_batch": contrastive_batch}
+
+
 # ---- the loop ----------------------------------------------------------------------------------
-def _resolve_device(requested: str) -> torch.device:
-    try:
-        from .device import resolve_device
-    except ImportError:  # pragma: no cover - device module arrives with the models layer
-        return torch.device("cpu" if requested == "auto" else requested)
-    return resolve_device(requested)
-
-
 def _summarise_epoch(records: list[dict]) -> dict:
-    summary = {"micro_batches": len(records)}
-    for term in ("infonce", "hn", "tok", "total"):
+    # exact_batch records stand for a whole group of micro-batches
+    summary = {"micro_batches": sum(r.get("micro_batches", 1) for r in records)}
+    for term in LOSS_TERMS:
         values = [r[term] for r in records if term in r]
         if values:
             summary[f"{term}_mean"] = sum(values) / len(values)
@@ -193,39 +207,70 @@ def _evaluate_all(model, eval_sets: dict, job: TrainJob, device) -> dict:
             for name, data in eval_sets.items()}
 
 
+def _end_of_epoch(job: TrainJob, trained: TrainedModel, state: dict, epoch: int, eval_sets: dict, device) -> dict:
+    """Evaluate and fingerprint the exported (for adapters: merged) weights of this epoch."""
+    exported = trained.export()
+    if job.execution.get("keep_epoch_weights"):
+        save_weights(exported, job.model_config, job.checkpoint_dir / f"epoch_{epoch + 1:02d}.pt")
+    return {"epoch": epoch + 1, "step": state["step"], "train": _summarise_epoch(state["epoch_records"]),
+            "eval": _evaluate_all(exported, eval_sets, job, device), "weights_sha256": weights_digest(exported)}
+
+
+def _load_group(train_set: PairDataset, group: list[list[int]], distributed: Distributed, device):
+    """This rank's share of each micro-batch of the group, on the device."""
+    batches = [train_set.batch(distributed.local_slice(indices)) for indices in group]
+    return [(images.to(device), tokens.to(device)) for images, tokens in batches]
+
+
 def train(job: TrainJob) -> dict:
+    """Train one run; under torchrun (WORLD_SIZE > 1) this process is one rank of it."""
+    with distributed_session(job.execution["device"]) as distributed:
+        return _train(job, distributed)
+
+
+def _train(job: TrainJob, distributed: Distributed) -> dict:
     started = time.time()
     spec, execution = job.spec, job.execution
     recipe, objective = spec["recipe"], spec["objective"]
+    main = distributed.is_main
     torch.set_num_threads(execution["threads"])
-    torch.manual_seed(spec["seed"])
-    device = _resolve_device(execution["device"])
+    torch.manual_seed(spec["seed"])  # the same on every rank: identical initial (adapter) weights
+    device = distributed.device(execution["device"])
+    precision = effective_precision(device, recipe.get("precision", "fp32"))
+    autocast = functools.partial(autocast_context, device, precision)
 
     backbone = load_backbone(job.init_kind, job.init_path, job.model_config)
-    model = backbone.model.to(device).train()
+    base = backbone.model.to(device).train()
     if recipe.get("reset_logit_scale"):
         with torch.no_grad():
-            model.logit_scale.fill_(math.log(recipe["reset_logit_scale"]))
-    frozen_text = frozen_text_encoder(model) if objective["margin"] == "frozen" else None
+            base.logit_scale.fill_(math.log(recipe["reset_logit_scale"]))
+    frozen_text = frozen_text_encoder(base) if objective["margin"] == "frozen" else None
+    trained = TrainedModel.build(base, objective.get("framework", "full"), recipe.get("adapter"))
+    model, parameters = trained.module, trained.trainable_parameters()
+    distributed.broadcast_from_main(model)
     cache = execution.get("cache_images", True)
     train_set = PairDataset.from_manifest(job.train_manifest, backbone.preprocess, backbone.tokenizer, cache)
     indices = subset_indices(len(train_set), spec["fraction"])
     eval_sets = {name: PairDataset.from_manifest(path, backbone.preprocess, backbone.tokenizer, cache)
-                 for name, path in job.eval_manifests.items()}
+                 for name, path in job.eval_manifests.items()} if main else {}
 
     micro, accum = recipe["micro_batch"], recipe["grad_accum"]
     if len(indices) < micro:
         raise ValueError(f"{job.run_id}: {len(indices)} training pairs is fewer than one micro-batch ({micro})")
+    distributed.check_micro_batch(micro)
     steps_per_epoch = len(accumulation_groups(epoch_micro_batches(indices, micro, spec["seed"], 0), accum))
     total_steps = recipe["epochs"] * steps_per_epoch
     optimizer = build_optimizer(model, recipe["lr"], recipe["weight_decay"])
+    exact = bool(recipe.get("exact_batch", False))
+    group_backward = _exact_batch_backward if exact else _micro_batch_backward
+    probe = GradientProbe.from_settings(execution, objective)
 
-    state = load_checkpoint(job, model, optimizer) or {"epoch": 0, "group": 0, "step": 0, "history": [],
-                                                      "steps": [], "epoch_records": []}
+    state = load_checkpoint(job, trained, optimizer) or _fresh_state()
+    state.setdefault("grad_probe", [])
     resumed_from = state["step"] if state["step"] else None
-    if "initial_eval" not in state:  # the starting point (zero-shot init), for "does fine-tuning help?"
-        state["initial_eval"] = _evaluate_all(model, eval_sets, job, device)
-    progress = tqdm(total=total_steps, initial=state["step"], desc=job.run_id, unit="step",
+    if main and "initial_eval" not in state:  # the starting point (zero-shot init), for "does fine-tuning help?"
+        state["initial_eval"] = _evaluate_all(trained.export(), eval_sets, job, device)
+    progress = tqdm(total=total_steps, initial=state["step"], desc=job.run_id, unit="step", disable=not main,
                     mininterval=1 if sys.stderr.isatty() else 15, file=sys.stderr)
     for epoch in range(state["epoch"], recipe["epochs"]):
         groups = accumulation_groups(epoch_micro_batches(indices, micro, spec["seed"], epoch), accum)
@@ -234,43 +279,41 @@ def train(job: TrainJob) -> dict:
             for param_group in optimizer.param_groups:
                 param_group["lr"] = lr
             optimizer.zero_grad(set_to_none=True)
-            for batch_indices in groups[group_index]:
-                images, tokens = train_set.batch(batch_indices)
-                terms = loss_terms(model, images.to(device), tokens.to(device), objective, frozen_text)
-                values = {name: float(value.detach()) for name, value in terms.items()}
-                if not all(math.isfinite(v) for v in values.values()):
-                    raise NonFiniteLossError(
-                        f"{job.run_id}: non-finite loss at epoch {epoch + 1}, optimizer step {state['step'] + 1} "
-                        f"({values}); no update was applied and the last good checkpoint "
-                        f"({_checkpoint_path(job)}, step {state['step']}) is kept. Lower the learning rate or "
-                        f"check the data, then rerun to resume from it.")
-                (terms["total"] / len(groups[group_index])).backward()
-                state["epoch_records"].append(values)
+            batches = _load_group(train_set, groups[group_index], distributed, device)
+            if probe is not None and probe.due(state["step"]):
+                measured = probe.measure(model, parameters, *batches[0], frozen_text, autocast, distributed)
+                state["grad_probe"].append({"step": state["step"], "epoch": epoch + 1, **measured})
+            check = functools.partial(_require_finite, job=job, epoch=epoch, step=state["step"])
+            records = group_backward(model, batches, objective, frozen_text, autocast, check)
+            distributed.average_gradients(parameters)
             grad_norm = gradient_norm(model)
             optimizer.step()
             state["step"] += 1
             state["group"] = group_index + 1
-            last = state["epoch_records"][-len(groups[group_index]):]
-            state["steps"].append({"step": state["step"], "epoch": epoch + 1, "lr": lr, "grad_norm": grad_norm,
-                                   "logit_scale": float(model.logit_scale.detach().exp()),
-                                   **{f"{k}_mean": sum(r[k] for r in last) / len(last) for k in last[0]},
-                                   "saturated_frac": sum(r["infonce"] < SATURATION_THRESHOLD for r in last) / len(last)})
+            state["epoch_records"].extend(records)
+            state["steps"].append(_step_record(state["step"], epoch, lr, grad_norm, model, records,
+                                               "exact" if exact else "micro", micro * accum if exact else micro))
             progress.update(1)
-            progress.set_postfix(loss=f"{values['total']:.3g}", refresh=False)
-            if state["step"] % execution["checkpoint_every_steps"] == 0:
-                save_checkpoint(job, model, optimizer, state)
+            progress.set_postfix(loss=f"{records[-1]['total']:.3g}", refresh=False)
+            if main and state["step"] % execution["checkpoint_every_steps"] == 0:
+                save_checkpoint(job, trained, optimizer, state)
             if job.stop_after_steps and state["step"] >= job.stop_after_steps:
                 progress.close()
                 os.kill(os.getpid(), signal.SIGKILL)  # simulate a scheduler kill (tests)
-        entry = {"epoch": epoch + 1, "step": state["step"], "train": _summarise_epoch(state["epoch_records"]),
-                 "eval": _evaluate_all(model, eval_sets, job, device), "weights_sha256": weights_digest(model)}
-        if execution.get("keep_epoch_weights"):
-            save_weights(model, job.model_config, job.checkpoint_dir / f"epoch_{epoch + 1:02d}.pt")
-        state["history"].append(entry)
+        if main:
+            state["history"].append(_end_of_epoch(job, trained, state, epoch, eval_sets, device))
         state.update(epoch=epoch + 1, group=0, epoch_records=[])
-        save_checkpoint(job, model, optimizer, state)
+        if main:
+            save_checkpoint(job, trained, optimizer, state)
+        distributed.barrier()  # the other ranks wait for rank 0's evaluation and checkpoint
     progress.close()
-    return _write_outputs(job, model, state, backbone_info(job), time.time() - started, resumed_from, device)
+    wall = time.time() - started
+    if not main:
+        return {"run_id": job.run_id, "rank": distributed.rank, "optimizer_steps": state["step"], "wall_time_s": wall}
+    training = {"framework": trained.framework, "batch_mode": "exact" if exact else "micro",
+                "precision": {"requested": recipe.get("precision", "fp32"), "effective": precision},
+                "processes": distributed.world_size, "grad_probe": probe_summary(probe, state["grad_probe"])}
+    return _write_outputs(job, trained.export(), state, backbone_info(job), wall, resumed_from, device, training)
 
 
 def backbone_info(job: TrainJob) -> dict:
@@ -278,20 +321,23 @@ def backbone_info(job: TrainJob) -> dict:
             "path": str(job.init_path) if job.init_path else None}
 
 
-def _write_outputs(job: TrainJob, model, state: dict, init: dict, wall: float, resumed_from, device) -> dict:
+def _write_outputs(job: TrainJob, model, state: dict, init: dict, wall: float, resumed_from, device,
+                   training: dict) -> dict:
     job.out_dir.mkdir(parents=True, exist_ok=True)
     model_path = job.out_dir / "model.pt"
     save_weights(model, job.model_config, model_path)
     write_jsonl(job.out_dir / "steps.jsonl", state["steps"])
+    if training["grad_probe"] is not None:
+        write_jsonl(job.out_dir / "grad_probe.jsonl", state["grad_probe"])
     inputs = {"train_manifest": job.train_manifest, **{f"eval_manifest:{k}": v for k, v in job.eval_manifests.items()},
               **job.extra_inputs}
     if job.init_path:
         inputs["init_weights"] = job.init_path
     record = provenance.record(
         "train", inputs=inputs, spec=job.spec, spec_hash=job.spec_hash, wall_time_s=wall,
-        device={"type": str(device), "threads": job.execution["threads"]},
+        device={"type": str(device), "threads": job.execution["threads"], "processes": training["processes"]},
         extra={"run_id": job.run_id, "init": init, "initial_eval": state["initial_eval"],
-               "history": state["history"],
+               "history": state["history"], "training": training,
                "outputs": {"model": {"path": str(model_path), "sha256": provenance.file_sha256(model_path)}},
                "resumed_from_step": resumed_from, "optimizer_steps": state["step"],
                "final_weights_sha256": state["history"][-1]["weights_sha256"] if state["history"] else None,

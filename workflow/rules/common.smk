@@ -16,6 +16,7 @@ EXECUTION = REG.profile["execution"]
 BACKBONE = REG.backbone_name()
 BACKBONE_SPEC = REG.backbone_spec()
 # The interpreter running Snakemake (the project's .venv) runs the jobs too: no PATH assumptions.
+CAPTION_GEOMETRY_TABLE = "tableA1"
 HNCLIP = f"{shlex.quote(sys.executable)} -m hnclip --profile {PROFILE}"
 USES_GPU = 0 if EXECUTION["device"] == "cpu" else 1
 
@@ -23,6 +24,7 @@ wildcard_constraints:
     run=r"[A-Za-z0-9_.\-]+",
     benchmark="|".join(config["benchmarks"]),
     table="|".join(config["tables"]),
+    figure="|".join(config["figures"]),
 
 
 def dataset_marker(role):
@@ -55,14 +57,20 @@ def table_inputs(wildcards):
     return [str(paths.evaluation(run, bench)) for run, bench in REG.evaluations([wildcards.table])]
 
 
-def table_figures(table):
-    figure = config["tables"][table].get("figure")
-    return [str(paths.figure(f"{table}_{figure}", ext)) for ext in ("png", "pdf")] if figure else []
+def figure_inputs(wildcards):
+    """A figure reads the evaluation records (and tables) of the tables it draws from."""
+    tables = REG.figure_tables(wildcards.figure)
+    if not tables:  # caption-geometry figures
+        return [str(paths.stats(bench)) for bench in config["benchmarks"]]
+    return [str(paths.evaluation(run, bench)) for run, bench in REG.evaluations(tables)] + \
+        [str(paths.table(t, "csv")) for t in tables]
 
 
 def all_targets():
     targets = []
     for table in REG.tables:
-        targets += [str(paths.table(table, ext)) for ext in ("md", "tex", "csv")] + table_figures(table)
+        targets += [str(paths.table(table, ext)) for ext in ("md", "tex", "csv")]
+    targets += [str(paths.figure(name, ext)) for name in config["figures"] for ext in ("png", "pdf")]
     targets += [str(paths.stats(bench)) for bench in config["benchmarks"]]
+    targets += [str(paths.table(CAPTION_GEOMETRY_TABLE, ext)) for ext in ("md", "tex", "csv")]
     return targets

@@ -20,11 +20,13 @@ rule table:
 
 rule figure:
     input:
-        csv="results/tables/{table}.csv",
+        figure_inputs,
     output:
-        png=report("figures/{table}_{figure}.png", category="Figures", labels={"table": "{table}"}),
-        pdf="figures/{table}_{figure}.pdf",
+        png=report("figures/{figure}.png", category="Figures", labels={"figure": "{figure}"}),
+        pdf="figures/{figure}.pdf",
+    params:
+        spec=lambda w: canonical_json(config["figures"][w.figure]),
     log:
-        f"logs/{PROFILE}/figures/{{table}}_{{figure}}.log",
+        f"logs/{PROFILE}/figures/{{figure}}.log",
     shell:
-        f"{HNCLIP} figure {{wildcards.table}} > {{log}} 2>&1"
+        f"{HNCLIP} figure {{wildcards.figure}} > {{log}} 2>&1"

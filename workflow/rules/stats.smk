@@ -12,3 +12,18 @@ rule caption_stats:
     threads: EXECUTION["threads"]
     shell:
         f"{HNCLIP} --threads {{threads}} stats --benchmark {{wildcards.benchmark}} > {{log}} 2>&1"
+
+
+rule caption_geometry_table:
+    input:
+        stats=[str(paths.stats(bench)) for bench in config["benchmarks"]],
+        train_data=[str(dataset_marker(role)) for role in sorted({b["train"] for b in config["benchmarks"].values()})],
+    output:
+        md=report(f"results/tables/{CAPTION_GEOMETRY_TABLE}.md", category="Tables", labels={"table": "A1"}),
+        tex=f"results/tables/{CAPTION_GEOMETRY_TABLE}.tex",
+        csv=f"results/tables/{CAPTION_GEOMETRY_TABLE}.csv",
+        provenance=f"results/tables/{CAPTION_GEOMETRY_TABLE}.provenance.json",
+    log:
+        f"logs/{PROFILE}/tables/{CAPTION_GEOMETRY_TABLE}.log",
+    shell:
+        f"{HNCLIP} table {CAPTION_GEOMETRY_TABLE} > {{log}} 2>&1"

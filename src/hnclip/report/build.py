@@ -36,3 +36,25 @@ def build_table(reg: Registry, table: str) -> list[Path]:
     record_path = paths.table(table, "provenance.json")
     write_json(record_path, record)
     return written + [record_path]
+
+
+def build_caption_geometry_table(reg: Registry) -> list[Path]:
+    """Table A1 from the benchmarks' caption statistics and their training-set sizes."""
+    from ..data.manifest import read_manifest
+    from . import geometry
+    started = time.time()
+    benchmarks = reg.params["benchmarks"]
+    stats = geometry.load_stats(benchmarks)
+    train_manifests = {b: reg.train_manifest(spec["train"]) for b, spec in benchmarks.items()}
+    counts = {b: len(read_manifest(path, check_images=False)) for b, path in train_manifests.items()}
+    frame = geometry.table_a1(stats, counts, {b: s["label"] for b, s in benchmarks.items()}, reg.profile_name,
+                              train_sets={b: s["train"] for b, s in benchmarks.items()})
+    written = geometry.write_table_a1(frame, reg.profile_name)
+    record = provenance.record(
+        "table", inputs={**{f"stats:{b}": paths.stats(b) for b in benchmarks},
+                         **{f"train_manifest:{b}": p for b, p in train_manifests.items()}},
+        params={"profile": reg.profile_name}, wall_time_s=time.time() - started,
+        extra={"table": geometry.TABLE, "outputs": {str(p): provenance.file_sha256(p) for p in written}})
+    record_path = paths.table(geometry.TABLE, "provenance.json")
+    write_json(record_path, record)
+    return written + [record_path]

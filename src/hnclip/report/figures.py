@@ -1,4 +1,4 @@
-"""Figures (PNG and PDF) drawn from a table's tidy frame."""
+"""Figures (PNG and PDF): from a table's tidy frame or from the per-epoch evaluation records."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,6 +8,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
+
+from .geometry import save_figure  # noqa: E402
 
 
 def gamma_sweep(frame: pd.DataFrame, benchmark_labels: dict[str, str], out_stem: Path, profile: str) -> list[Path]:
@@ -31,14 +33,134 @@ def gamma_sweep(frame: pd.DataFrame, benchmark_labels: dict[str, str], out_stem:
         ax.set_ylabel("R@1, mean of T→I and I→T (%)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    outputs = [out_stem.with_suffix(".png"), out_stem.with_suffix(".pdf")]
-    out_stem.parent.mkdir(parents=True, exist_ok=True)
-    for path in outputs:
-        tmp = path.with_name(f".{path.stem}.part{path.suffix}")
-        fig.savefig(tmp, dpi=150, metadata={"Creator": "hnclip"} if path.suffix == ".png" else None)
-        tmp.replace(path)
-    plt.close(fig)
-    return outputs
+    return save_figure(fig, out_stem)
 
 
-FIGURES = {"gamma_sweep": gamma_sweep}
+# ---- figures from per-epoch evaluation records ---------------------------------------------------
+def _series_cells(reg, spec: dict) -> dict[str, list]:
+    """Series label -> cells, from `series: [{table, row}]` or `table` + `rows`."""
+    series = spec.get("series") or [{"table": spec["table"], "row": row} for row in spec["rows"]]
+    out = {}
+    for item in series:
+        cells = [c for c in reg.cells(item["table"]) if c.row == item["row"] and c.run_id]
+        if cells:  # rows of frameworks not implemented yet have no curve
+            out[item.get("label", item["row"])] = cells
+    return out
+
+
+def _per_epoch(cell, direction: str | None) -> dict[int, float]:
+    """Epoch -> R@1 (one direction, or the mean of both) of one cell, epoch 0 = before fine-tuning."""
+    from .. import paths
+    from ..io import read_json
+    record = read_json(paths.evaluation(cell.run_id, cell.benchmark))
+
+    def r1(metrics):
+        return metrics[direction]["R@1"] if direction else (metrics["t2i"]["R@1"] + metrics["i2t"]["R@1"]) / 2
+    curve = {entry["epoch"]: r1(entry["metrics"]) for entry in record["per_epoch"]}
+    if record.get("initial"):
+        curve[0] = r1(record["initial"])
+    return curve
+
+
+def _mean_curve(cells, benchmark: str, direction: str | None) -> tuple[list[int], list[float]]:
+    curves = [_per_epoch(c, direction) for c in cells if c.benchmark == benchmark]
+    epochs = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
+    return epochs, [sum(c[e] for c in curves) / len(curves) for e in epochs]
+
+
+def convergence(reg, spec: dict, out_stem: Path, by_direction: bool = False) -> list[Path]:
+    """Paper Fig. 5 (mean R@1 per epoch) or Fig. A9 (one panel row per direction); epoch 0 is the
+    initial backbone; curves average the cell's seeds."""
+    series = _series_cells(reg, spec)
+    benchmarks = list(dict.fromkeys(c.benchmark for cells in series.values() for c in cells))
+    directions = ["t2i", "i2t"] if by_direction else [None]
+    fig, axes = plt.subplots(len(directions), len(benchmarks), squeeze=False, constrained_layout=True,
+                             figsize=(3.2 * len(benchmarks), 3.0 * len(directions)))
+    labels = {name: b["label"] for name, b in reg.params["benchmarks"].items()}
+    for i, direction in enumerate(directions):
+        for j, bench in enumerate(benchmarks):
+            ax = axes[i][j]
+            for label, cells in series.items():
+                epochs, values = _mean_curve(cells, bench, direction)
+                if epochs:
+                    ax.plot(epochs, values, marker="o", markersize=3, label=label)
+            name = {"t2i": "T→I ", "i2t": "I→T "}.get(direction, "")
+            ax.set_title(f"{labels.get(bench, bench)} {name}".strip(), fontsize=9)
+            ax.set_xlabel("epoch (0 = initial)")
+            ax.set_ylabel("R@1 (%)" if direction else "mean R@1 (%)")
+            ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(f"{spec.get('title', 'Convergence')} — {reg.profile_name} profile", fontsize=10)
+    return save_figure(fig, out_stem)
+
+
+def sample_efficiency(reg, spec: dict, out_stem: Path) -> list[Path]:
+    """Paper Fig. 6: mean R@1 against the training fraction (identical nested subsets), reproduced
+    beside the paper's Table A9 values."""
+    from .paper_reference import paper_table
+    table = spec["table"]
+    cells = [c for c in reg.cells(table) if c.run_id]
+    paper = paper_table(table)
+    fig, (ax_ours, ax_paper) = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
+    for bench in dict.fromkeys(c.benchmark for c in reg.cells(table)):
+        by_method: dict[str, dict[float, list[float]]] = {}
+        for cell in (c for c in cells if c.benchmark == bench):
+            fraction = dict(cell.settings).get("fraction", 1.0)
+            final = _per_epoch(cell, None)
+            by_method.setdefault(cell.method, {}).setdefault(fraction, []).append(max(
+                v for e, v in final.items() if e > 0) if spec.get("selection", "best") == "best" else final[max(final)])
+        for method, points in by_method.items():
+            xs = sorted(points)
+            ax_ours.plot([100 * x for x in xs], [sum(points[x]) / len(points[x]) for x in xs], marker="o",
+                         label=f"{bench}: {method}")
+        ref = paper[(paper["benchmark"] == bench) & (paper["metric"] == "R@1")]
+        for method in sorted({row.split("/")[-1] for row in ref["row"]}):
+            rows = ref[ref["row"].str.endswith(f"/{method}")]
+            means = rows.groupby("row", sort=False)["value"].mean()
+            xs = [float(r.split("/")[1].rstrip("%")) for r in means.index]
+            ax_paper.plot(xs, means.values, marker="s", linestyle="--", label=f"{bench}: {method}")
+    for ax, title in ((ax_ours, f"Reproduced ({reg.profile_name} profile; best epoch, seed mean)"),
+                      (ax_paper, "Paper (Table A9)")):
+        ax.set_xscale("log")
+        ax.set_xticks([5, 20, 50, 100], labels=["5%", "20%", "50%", "100%"])
+        ax.set_xlabel("training data")
+        ax.set_ylabel("mean R@1 (%)")
+        ax.set_title(title, fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    return save_figure(fig, out_stem)
+
+
+def gamma_sweep_figure(reg, spec: dict, out_stem: Path) -> list[Path]:
+    import pandas as pd
+
+    from .. import paths
+    frame = pd.read_csv(paths.table(spec["table"], "csv"))
+    labels = {name: b["label"] for name, b in reg.params["benchmarks"].items()}
+    return gamma_sweep(frame, labels, out_stem, reg.profile_name)
+
+
+def _geometry(name: str):
+    """Caption-geometry figures (Figs. 1, A5, A6) from the benchmarks' results/stats records."""
+    def draw_geometry(reg, spec: dict, out_stem: Path) -> list[Path]:
+        from . import geometry
+        labels = {b: s["label"] for b, s in reg.params["benchmarks"].items()}
+        return geometry.FIGURES[name](geometry.load_stats(reg.params["benchmarks"]), labels, out_stem)
+    return draw_geometry
+
+
+FIGURE_KINDS = {
+    "caption_geometry": _geometry("fig1"),
+    "batch_margin_matrix": _geometry("figA5"),
+    "caption_geometry_stats": _geometry("figA6"),
+    "gamma_sweep": gamma_sweep_figure,
+    "convergence": convergence,
+    "convergence_by_direction": lambda reg, spec, out: convergence(reg, spec, out, by_direction=True),
+    "sample_efficiency": sample_efficiency,
+}
+
+
+def draw(reg, name: str) -> list[Path]:
+    from .. import paths
+    spec = reg.params["figures"][name]
+    return FIGURE_KINDS[spec["kind"]](reg, spec, paths.figure(name, "png").with_suffix(""))

@@ -323,8 +323,7 @@ def draw_figure_a5(stats: dict[str, dict], labels: dict[str, str]) -> Figure:
     # One colour scale for all panels, so equal shades mean equal similarity across benchmarks.
     vmin = min(float(g.min()) for g in matrices.values())
     vmax = max(float(g.max()) for g in matrices.values())
-    cmap = plt.get_cmap("Blues").copy()
-    cmap.set_bad("lightgray")  # the masked diagonal
+    cmap = plt.get_cmap("Blues").with_extremes(bad="lightgray")  # bad = the masked diagonal
     fig, axes = plt.subplots(1, len(order), figsize=(3.0 * len(order) + 1.2, 3.5), constrained_layout=True,
                              squeeze=False)
     for ax, bench in zip(axes[0], order):

@@ -1,0 +1,81 @@
+"""What a run trains, per `objective.framework`: the whole CLIP ("full") or LoRA / DoRA adapters on a
+frozen copy of it ("lora", "dora"), with how each is checkpointed and exported.
+
+Adapter runs checkpoint only the adapter weights (plus the optimizer): the frozen base is rebuilt
+from the init weights on resume, and a digest of it, stored in the checkpoint, proves it is the
+same base. The exported model (per-epoch evaluation, `epoch_XX.pt`, the final `model.pt`) is always
+a plain open_clip CLIP: for adapter runs the adapters merged in (`merge_adapters`), so evaluation
+code loads it with `hnclip.models.factory.load_weights` like any full fine-tune.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+FRAMEWORKS = ("full", "lora", "dora")
+DEFAULT_ADAPTER = {"r": 16, "alpha": 32, "dropout": 0.0, "target": "both"}
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+    """sha256 over the raw bytes of the state dict, in key order: names the exact weights."""
+    digest = hashlib.sha256()
+    for key, tensor in model.state_dict().items():
+        digest.update(key.encode())
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+@dataclass
+class TrainedModel:
+    framework: str
+    module: torch.nn.Module               # what the optimizer updates: a CLIP, or a peft model around one
+    base_weights_sha256: str | None = None  # adapter runs: digest of the frozen base
+
+    @classmethod
+    def build(cls, base: torch.nn.Module, framework: str, adapter: dict | None = None) -> "TrainedModel":
+        """`base` as loaded (and logit-scale reset); for lora/dora it is wrapped, not modified."""
+        if framework not in FRAMEWORKS:
+            raise ValueError(f"unknown framework {framework!r}; this trainer supports {FRAMEWORKS}")
+        if framework == "full":
+            return cls(framework, base)
+        from ..models.adapters import apply_adapters  # peft is only needed for adapter runs
+        settings = {**DEFAULT_ADAPTER, **(adapter or {})}
+        module = apply_adapters(base, framework, r=settings["r"], alpha=settings["alpha"],
+                                dropout=settings["dropout"], target=settings["target"])
+        return cls(framework, module.train(base.training), weights_digest(base))
+
+    @property
+    def uses_adapters(self) -> bool:
+        return self.framework != "full"
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.module.parameters() if p.requires_grad]
+
+    # ---- checkpoints ------------------------------------------------------------------------------
+    def checkpoint_state(self) -> dict:
+        if not self.uses_adapters:
+            return {"model": self.module.state_dict()}
+        from ..models.adapters import adapter_state_dict
+        return {"adapter": adapter_state_dict(self.module), "base_weights_sha256": self.base_weights_sha256}
+
+    def restore(self, payload: dict, path: Path) -> None:
+        if not self.uses_adapters:
+            self.module.load_state_dict(payload["model"])
+            return
+        from ..models.adapters import load_adapter_state_dict
+        if payload.get("base_weights_sha256") != self.base_weights_sha256:
+            raise RuntimeError(f"{path} holds adapters trained on different base weights than the init weights "
+                               f"loaded now; delete {path.parent} to start this run afresh")
+        load_adapter_state_dict(self.module, payload["adapter"])
+
+    # ---- export -----------------------------------------------------------------------------------
+    def export(self) -> torch.nn.Module:
+        """A plain open_clip CLIP with the trained weights: the model itself for full fine-tuning
+        (no copy), a merged copy for adapter runs (the adapters keep training)."""
+        if not self.uses_adapters:
+            return self.module
+        from ..models.adapters import merge_adapters
+        return merge_adapters(self.module)

@@ -1,0 +1,132 @@
+"""Gradient probe (paper §2.4, Fig. 4, Appendix C): L_CLIP vs L_HN on the batch being trained.
+
+Every `execution.grad_probe_every` optimizer steps (before that step's update, on the first
+micro-batch of its accumulation group) one forward pass gives both losses, and two
+`torch.autograd.grad` calls give their gradients w.r.t. every trainable parameter (all of the
+model for full fine-tuning, the adapters for LoRA/DoRA). We log the two losses, the two gradient
+L2 norms, their cosine, whether each gradient is exactly zero in fp32 (every entry == 0: softmax
+residuals underflowed), the fraction of parameter entries whose gradient is exactly zero, and the
+largest |dL/dlogit| of each loss.
+
+L_HN uses the run's gamma and margin mode; a run with gamma 0 (InfoNCE) is probed with gamma 0.5,
+the paper's default (`gamma_source` says which). Only the global terms are probed (no token term).
+The probe cannot change training: it never touches .grad, it runs under a forked RNG, and the
+model has no batch statistics. Norms and dot products accumulate in float64, so tiny fp32
+gradients are not flushed to zero by squaring.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from ..losses.contrastive import _symmetric_cross_entropy, margin_matrix
+from ..losses.distributed import gather_features
+from ..models.towers import encode_batch
+from .distributed import Distributed, average_tensors
+from .objective import Autocast, as_float32, frozen_margin_features
+
+DEFAULT_PROBE_GAMMA = 0.5  # paper default, for probing runs trained with plain InfoNCE
+
+
+@dataclass(frozen=True)
+class GradientProbe:
+    every: int
+    gamma: float
+    gamma_source: str    # "objective" or "default" (the run's gamma is 0)
+    margin: str          # live | frozen, as the run
+
+    @classmethod
+    def from_settings(cls, execution: dict, objective: dict) -> "GradientProbe | None":
+        every = int(execution.get("grad_probe_every", 0) or 0)
+        if every <= 0:
+            return None
+        if objective["gamma"] > 0:
+            return cls(every, float(objective["gamma"]), "objective", objective["margin"])
+        return cls(every, DEFAULT_PROBE_GAMMA, "default", objective["margin"])
+
+    def due(self, step: int) -> bool:
+        """Probe before optimizer steps 0, k, 2k, ... (step = updates done so far)."""
+        return step % self.every == 0
+
+    def measure(self, model, parameters: list[torch.nn.Parameter], images, tokens, frozen_text=None,
+                autocast: Autocast = contextlib.nullcontext, distributed: Distributed = Distributed()) -> dict:
+        with _preserved_rng(images.device):
+            losses, logits = self._losses(model, images, tokens, frozen_text, autocast)
+            clip_grads = torch.autograd.grad(losses["clip"], [*parameters, logits["clip"]], retain_graph=True,
+                                             allow_unused=True)
+            hn_grads = torch.autograd.grad(losses["hn"], [*parameters, logits["hn"]], allow_unused=True)
+        clip_params = _dense(clip_grads[:-1], parameters)
+        hn_params = _dense(hn_grads[:-1], parameters)
+        if distributed.enabled:  # each rank holds its share of the global gradient (see losses.distributed)
+            average_tensors(clip_params + hn_params, distributed.world_size)
+        clip, hn = _statistics(clip_params), _statistics(hn_params)
+        record = {"gamma": self.gamma, "gamma_source": self.gamma_source, "margin": self.margin,
+                  "batch": int(logits["clip"].shape[0]), "parameters": clip["entries"],
+                  "clip_loss": float(losses["clip"]), "hn_loss": float(losses["hn"]),
+                  "clip_grad_norm": clip["norm"], "hn_grad_norm": hn["norm"],
+                  "grad_cosine": _cosine(clip_params, hn_params, clip["norm"], hn["norm"]),
+                  "clip_grad_exactly_zero": clip["zero_entries"] == clip["entries"],
+                  "hn_grad_exactly_zero": hn["zero_entries"] == hn["entries"],
+                  "clip_zero_grad_fraction": clip["zero_entries"] / max(1, clip["entries"]),
+                  "hn_zero_grad_fraction": hn["zero_entries"] / max(1, hn["entries"]),
+                  "clip_max_abs_dlogit": float(clip_grads[-1].abs().max()),
+                  "hn_max_abs_dlogit": float(hn_grads[-1].abs().max())}
+        record["exactly_zero_norms"] = int(record["clip_grad_exactly_zero"]) + int(record["hn_grad_exactly_zero"])
+        return record
+
+    def _losses(self, model, images, tokens, frozen_text, autocast):
+        """Both losses from one forward, with the logits kept as graph nodes for dL/dlogit.
+        The arithmetic is that of `infonce_loss` and `hn_loss`, step for step."""
+        objective = {"gamma": self.gamma, "margin": self.margin}
+        with autocast():
+            encoded = encode_batch(model, images, tokens, with_tokens=False)
+            margin_features = frozen_margin_features(frozen_text, tokens, objective)
+        image_features, text_features, margin_features = gather_features(
+            as_float32(encoded.image_features), as_float32(encoded.text_features), margin_features)
+        scale = model.logit_scale.exp()
+        clip_logits = scale * image_features @ text_features.t()
+        sims = image_features @ text_features.t()
+        boost = margin_matrix(text_features if margin_features is None else margin_features, self.gamma)
+        hn_logits = scale * (sims + boost.to(sims.dtype))
+        losses = {"clip": _symmetric_cross_entropy(clip_logits), "hn": _symmetric_cross_entropy(hn_logits)}
+        return losses, {"clip": clip_logits, "hn": hn_logits}
+
+
+def probe_summary(probe: GradientProbe | None, records: list[dict]) -> dict | None:
+    """What train.json says about the probe; the records themselves go to grad_probe.jsonl."""
+    if probe is None:
+        return None
+    return {"every": probe.every, "gamma": probe.gamma, "gamma_source": probe.gamma_source,
+            "margin": probe.margin, "measurements": len(records),
+            "clip_grad_exactly_zero": sum(r["clip_grad_exactly_zero"] for r in records),
+            "hn_grad_exactly_zero": sum(r["hn_grad_exactly_zero"] for r in records)}
+
+
+@contextlib.contextmanager
+def _preserved_rng(device: torch.device):
+    """The probe's forward leaves the CPU and accelerator generators as it found them."""
+    accelerator = device.type in ("cuda", "npu")
+    with torch.random.fork_rng(devices=[device.index or 0] if accelerator else [],
+                               device_type=device.type if accelerator else "cuda"):
+        yield
+
+
+def _dense(grads, parameters) -> list[torch.Tensor]:
+    # A parameter the loss does not reach has an exactly-zero gradient.
+    return [torch.zeros_like(p) if g is None else g for g, p in zip(grads, parameters)]
+
+
+def _statistics(grads: list[torch.Tensor]) -> dict:
+    squares = sum(float(g.double().pow(2).sum()) for g in grads)
+    return {"norm": squares ** 0.5, "entries": sum(g.numel() for g in grads),
+            "zero_entries": sum(int((g == 0).sum()) for g in grads)}
+
+
+def _cosine(a: list[torch.Tensor], b: list[torch.Tensor], norm_a: float, norm_b: float) -> float | None:
+    """Cosine of two gradients; None (JSON null) when either is exactly zero."""
+    if norm_a == 0 or norm_b == 0:
+        return None
+    dot = sum(float((x.double() * y.double()).sum()) for x, y in zip(a, b))
+    return max(-1.0, min(1.0, dot / (norm_a * norm_b)))
