@@ -100,6 +100,23 @@ def _records(root: Path, pattern: str) -> list[tuple[str, dict]]:
     return [(_relative(root, p), read_json(p)) for p in sorted(root.glob(pattern))]
 
 
+def _has_file_claims(record) -> bool:
+    inputs = provenance_of(record).get("inputs") if isinstance(record, dict) else None
+    return isinstance(inputs, dict) and all(isinstance(e, dict) and "sha256" in e for e in inputs.values())
+
+
+def _other_records(root: Path, seen: set[str]) -> list[tuple[str, dict]]:
+    """Any other record under results/ with provenance (overlap reports, derived tables' inputs...)."""
+    found = []
+    for path in sorted(root.glob("results/**/*.json")):
+        artifact = _relative(root, path)
+        if artifact not in seen:
+            record = read_json(path)
+            if _has_file_claims(record):
+                found.append((artifact, record))
+    return found
+
+
 def _dataset_records(root: Path, params: dict | None, manifests: set[str]) -> list[tuple[str, dict]]:
     """dataset.json of every profile's data root, and next to every manifest a record names."""
     found = set()
@@ -233,7 +250,9 @@ def _check_table_cells(auditor: _Auditor, artifact: str, record: dict) -> None:
     selection = record.get("selection", "best")
     evaluations: dict[str, dict | None] = {}
     for cell in record.get("cells", []):
-        path = cell["eval_file"]
+        path = cell.get("eval_file")
+        if not path or cell.get("value") is None:
+            continue  # a row marked not implemented yet, or a table not built from evaluations
         if path not in evaluations:
             file = resolve(auditor.root, path)
             evaluations[path] = read_json(file) if file.is_file() else None
@@ -251,14 +270,24 @@ def _check_table_cells(auditor: _Auditor, artifact: str, record: dict) -> None:
                                  f"now says {actual[1]} (epoch {actual[0]})"))
 
 
+def _current_table_params(record: dict, reg: Registry) -> dict:
+    """What params.yaml now gives for each params key the table recorded (profile; its table spec).
+    Tables derived in code (caption geometry, timing) record only the profile."""
+    recorded = record.get("params") or {}
+    current = {"profile": reg.profile_name}
+    if "table" in recorded:
+        current["table"] = reg.params["tables"].get(record.get("table"))
+    return {key: current[key] for key in recorded if key in current}
+
+
 def _check_table_params(auditor: _Auditor, artifact: str, record: dict, reg: Registry) -> None:
     name = record.get("table")
-    current = {"profile": reg.profile_name, "table": reg.params["tables"].get(name)}
-    diff = _spec_diff(record.get("params"), current)
-    auditor.value_claim(artifact, "params.yaml", record.get("params"), current,
+    current = _current_table_params(record, reg)
+    recorded = {key: record["params"][key] for key in current}
+    auditor.value_claim(artifact, "params.yaml", recorded, current,
                         f"table {name} was built with other params than params.yaml now has "
-                        f"(changed without rerun): {'; '.join(diff)}")
-    if current["table"] is not None:
+                        f"(changed without rerun): {'; '.join(_spec_diff(recorded, current))}")
+    if current.get("table") is not None and any(c.get("eval_file") for c in record.get("cells", [])):
         _check_table_runs(auditor, artifact, record, reg)
 
 
@@ -419,8 +448,10 @@ def run_audit(root: str | Path = Path("."), reg: Registry | None = None) -> Audi
     stats = _records(root, "results/stats/*.json")
     tables = _records(root, "results/tables/*.provenance.json")
     datasets = _dataset_records(root, reg.params if reg else None, _manifests_named(backbones + runs + evaluations))
+    known = backbones + runs + evaluations + stats + tables
+    others = _other_records(root, {artifact for artifact, _ in known})
     _remember_outputs(auditor, backbones + runs + tables)
-    for artifact, record in datasets + stats:
+    for artifact, record in datasets + stats + others:
         _check_files(auditor, artifact, record)
     _check_backbones(auditor, backbones, reg)
     _check_runs(auditor, runs, reg)

@@ -114,10 +114,12 @@ def cmd_table(args) -> int:
     reg = _registry(args)
     if args.table == "tableA1":
         written = build.build_caption_geometry_table(reg)
+    elif args.table == build.TIMING_TABLE:
+        written = build.build_timing_table(reg)
     elif args.table in reg.params["tables"]:
         written = build.build_table(reg, args.table)
     else:
-        print(f"error: unknown table {args.table!r}; allowed values: {['tableA1', *reg.params['tables']]}",
+        print(f"error: unknown table {args.table!r}; allowed values: {['tableA1', 'tableA3', *reg.params['tables']]}",
               file=sys.stderr)
         return 2
     for path in written:
@@ -133,6 +135,23 @@ def cmd_figure(args) -> int:
         return 2
     for path in draw(reg, args.figure):
         print(f"wrote {path}")
+    return 0
+
+
+def cmd_overlap(args) -> int:
+    """Perceptual-hash overlap between a training set and a test set (VG paragraphs vs Urban-1K)."""
+    from .data.overlap import check_overlap
+    reg = _registry(args)
+    test_split = "test"
+    out_manifest = None
+    if args.drop:
+        out_manifest = paths.manifest(reg.profile["data_root"], args.train, "train.dedup")
+    report = check_overlap(reg.train_manifest(args.train),
+                           paths.manifest(reg.profile["data_root"], args.test, test_split),
+                           paths.overlap_report(args.train, args.test), max_distance=args.max_distance,
+                           out_manifest=out_manifest, workers=args.threads)
+    print(f"{report['n_pairs']} near-duplicate pair(s) between {args.train} train and {args.test} test; "
+          f"report: {paths.overlap_report(args.train, args.test)}" + (f"; filtered: {out_manifest}" if out_manifest else ""))
     return 0
 
 
@@ -177,6 +196,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--benchmark", required=True)
     p = sub.add_parser("table", help="build a paper table (md, tex, csv) and its figure")
     p.add_argument("table")
+    p = sub.add_parser("overlap", help="perceptual-hash overlap between a training and a test set")
+    p.add_argument("--train", default="vg")
+    p.add_argument("--test", default="urban1k")
+    p.add_argument("--max-distance", type=int, default=32, help="Hamming distance of 256-bit pHashes")
+    p.add_argument("--drop", action="store_true", help="also write <train>/train.dedup.jsonl without the overlaps")
     p = sub.add_parser("cell", help="build just one table cell (its run and evaluation) and print where it is")
     p.add_argument("table")
     p.add_argument("--dataset", help="benchmark of the cell (docci, dci, long_dci, urban1k)")
@@ -190,7 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 COMMANDS = {"validate": cmd_validate, "runs": cmd_runs, "data": cmd_data, "download": cmd_download, "pretrain": cmd_pretrain,
             "train": cmd_train, "evaluate": cmd_evaluate, "stats": cmd_stats, "table": cmd_table,
-            "figure": cmd_figure, "cell": cmd_cell}
+            "figure": cmd_figure, "cell": cmd_cell, "overlap": cmd_overlap}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -132,7 +132,7 @@ def find_cell(frame: pd.DataFrame, cell: str, labels: dict[str, str]) -> pd.Seri
 
 def _seed_cells(table_record: dict, row: str, column: str) -> list[dict]:
     """The per-seed values behind a cell; the average column stands on every benchmark of its row."""
-    cells = [c for c in table_record["cells"] if c["row"] == row]
+    cells = [c for c in table_record["cells"] if c["row"] == row and c.get("eval_file")]
     if column != AVG_COLUMN:
         cells = [c for c in cells if column_key(c["benchmark"], c["direction"], c["metric"]) == column]
     return cells
@@ -150,6 +150,9 @@ def lineage(table_file: str | Path, cell: str, root: str | Path = Path(".")) -> 
     record_path = table_provenance_path(table_file)
     table_record = read_json(record_path)
     frame = pd.read_csv(table_file.parent / f"{table_name(table_file)}.csv")
+    if "column" not in frame or not any(c.get("eval_file") for c in table_record.get("cells", [])):
+        raise ValueError(f"{table_file}: lineage follows tables of evaluated cells (row/benchmark/direction/"
+                         f"metric); this table is built from other records: see {record_path} inputs")
     found = find_cell(frame, cell, _benchmark_labels(root))
     sources = [_value_node(root, table_record, c) for c in _seed_cells(table_record, found["row"], found["column"])]
     table = _node("table", root, _relative(root, record_path), record=table_record, params=table_record.get("params"),
@@ -158,7 +161,7 @@ def lineage(table_file: str | Path, cell: str, root: str | Path = Path(".")) -> 
                   inputs=sources)
     facts = {"table": table_record.get("table"), "row": found["row"], "column": found["column"],
              "value": float(found["ours_mean"]), "n_seeds": int(found["n_seeds"]),
-             "selection": found["selection"]}
+             "selection": found["selection"], "status": found.get("status", "ok")}
     return _node("cell", root, facts=facts, inputs=[table])
 
 
@@ -187,16 +190,25 @@ def _evaluation_node(root: Path, path: str, recorded: str | None, selection: str
     prov = provenance_of(evaluation)
     inputs = prov.get("inputs", {})
     chosen = evaluation.get(selection, {})
-    train_record = read_json(resolve(root, inputs["train_record"]["path"]))
-    checkpoint = _checkpoint_node(root, inputs["model"], train_record, chosen.get("epoch"))
-    checkpoint["inputs"].append(_run_node(root, inputs["train_record"], train_record, follow_init=True))
     facts = {"run_id": evaluation.get("run_id"), "benchmark": evaluation.get("benchmark"), "selection": selection,
              "selected_epoch": chosen.get("epoch"), "selected_weights_sha256": chosen.get("weights_sha256"),
              "consistent_with_training": evaluation.get("consistent_with_training"),
              "created": prov.get("created")}
+    weights = _evaluated_weights_node(root, inputs, chosen.get("epoch"))
     test = _manifest_node(root, "test manifest", inputs["test_manifest"])
     return _node("evaluation", root, path, recorded, record=prov, params=prov.get("params"), facts=facts,
-                 inputs=[checkpoint, test])
+                 inputs=[weights, test])
+
+
+def _evaluated_weights_node(root: Path, inputs: dict, epoch: int | None) -> dict:
+    """A trained run's checkpoint (and its run), or for the zero-shot pseudo-run the initial weights."""
+    if "train_record" not in inputs:
+        return _init_node(root, inputs["init_weights"], {"init": {"kind": "as released (zero-shot)"}},
+                          follow_init=True)
+    train_record = read_json(resolve(root, inputs["train_record"]["path"]))
+    checkpoint = _checkpoint_node(root, inputs["model"], train_record, epoch)
+    checkpoint["inputs"].append(_run_node(root, inputs["train_record"], train_record, follow_init=True))
+    return checkpoint
 
 
 def _checkpoint_node(root: Path, model: dict, train_record: dict, epoch: int | None) -> dict:
@@ -234,7 +246,7 @@ def _init_node(root: Path, entry: dict, train_record: dict, follow_init: bool) -
     facts = {"kind": init.get("kind"), "model_config": init.get("model_config")}
     inputs = []
     backbone_record = resolve(root, entry["path"]).parent / "train.json"
-    if follow_init and init.get("kind") == "pretrained_here" and backbone_record.is_file():
+    if follow_init and backbone_record.is_file() and backbone_record.parent.parent.name == "backbones":
         # a backbone pretrained here is a run of its own: one level into its record
         record = read_json(backbone_record)
         facts["model_sha256_in_backbone_record"] = record.get("outputs", {}).get("model", {}).get("sha256")

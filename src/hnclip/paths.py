@@ -61,3 +61,7 @@ def table(name: str, ext: str) -> Path:
 
 def figure(name: str, ext: str) -> Path:
     return FIGURES / f"{name}.{ext}"
+
+
+def overlap_report(train: str, test: str) -> Path:
+    return RESULTS / "overlap" / f"{train}__{test}.json"

@@ -66,6 +66,11 @@ def figure_inputs(wildcards):
         [str(paths.table(t, "csv")) for t in tables]
 
 
+def timing_inputs(wildcards):
+    from hnclip.report.build import timing_runs
+    return [str(paths.run_record(run)) for run in timing_runs(REG).values() if run]
+
+
 def all_targets():
     targets = []
     for table in REG.tables:
@@ -73,4 +78,6 @@ def all_targets():
     targets += [str(paths.figure(name, ext)) for name in config["figures"] for ext in ("png", "pdf")]
     targets += [str(paths.stats(bench)) for bench in config["benchmarks"]]
     targets += [str(paths.table(CAPTION_GEOMETRY_TABLE, ext)) for ext in ("md", "tex", "csv")]
+    targets.append(str(paths.overlap_report("vg", "urban1k")))
+    targets += [str(paths.table("tableA3", ext)) for ext in ("md", "csv")]
     return targets

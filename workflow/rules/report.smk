@@ -30,3 +30,17 @@ rule figure:
         f"logs/{PROFILE}/figures/{{figure}}.log",
     shell:
         f"{HNCLIP} figure {{wildcards.figure}} > {{log}} 2>&1"
+
+
+rule timing_table:
+    # Table A3: training cost per method, from the training records of its runs.
+    input:
+        timing_inputs,
+    output:
+        md=report("results/tables/tableA3.md", category="Tables", labels={"table": "A3"}),
+        csv="results/tables/tableA3.csv",
+        provenance="results/tables/tableA3.provenance.json",
+    log:
+        f"logs/{PROFILE}/tables/tableA3.log",
+    shell:
+        f"{HNCLIP} table tableA3 > {{log}} 2>&1"

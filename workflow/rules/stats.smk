@@ -27,3 +27,17 @@ rule caption_geometry_table:
         f"logs/{PROFILE}/tables/{CAPTION_GEOMETRY_TABLE}.log",
     shell:
         f"{HNCLIP} table {CAPTION_GEOMETRY_TABLE} > {{log}} 2>&1"
+
+
+rule overlap_check:
+    # Are Urban-1K's test images (possibly from Visual Genome) in the VG training set? Reported.
+    input:
+        train=dataset_marker("vg"),
+        test=dataset_marker("urban1k"),
+    output:
+        "results/overlap/vg__urban1k.json",
+    log:
+        f"logs/{PROFILE}/overlap.log",
+    threads: EXECUTION["threads"]
+    shell:
+        f"{HNCLIP} --threads {{threads}} overlap --train vg --test urban1k > {{log}} 2>&1"

@@ -21,8 +21,7 @@ def build_table(reg: Registry, table: str) -> list[Path]:
     per_seed = tables.collect(reg, table)
     frame = tables.aggregate(reg, table, per_seed)
     outputs = {ext: paths.table(table, ext) for ext in ("csv", "md", "tex")}
-    frame.to_csv(outputs["csv"].with_suffix(".csv.part"), index=False)
-    outputs["csv"].with_suffix(".csv.part").replace(outputs["csv"])
+    write_text(outputs["csv"], frame.to_csv(index=False))
     write_text(outputs["md"], tables.to_markdown(reg, table, frame))
     write_text(outputs["tex"], tables.to_latex(reg, table, frame))
     written = list(outputs.values())
@@ -58,3 +57,64 @@ def build_caption_geometry_table(reg: Registry) -> list[Path]:
     record_path = paths.table(geometry.TABLE, "provenance.json")
     write_json(record_path, record)
     return written + [record_path]
+
+
+TIMING_TABLE = "tableA3"
+TIMING_ROWS = {"longclip_ft": "longclip_ft", "finelip": "finelip", "goal": "goal", "structxlip": "structxlip",
+               "hn_clip": "hn_clip"}  # paper row -> method
+TIMING_TRAIN_SET = "dci"
+
+
+def timing_runs(reg: Registry) -> dict[str, str | None]:
+    """Paper Table A3's rows -> the run (on DCI, first seed) whose training record gives its time."""
+    out = {}
+    for row, method in TIMING_ROWS.items():
+        recipe = reg.params["methods"][method]
+        out[row] = reg._cell_run(recipe, TIMING_TRAIN_SET, reg.profile["seeds"][0])
+    return out
+
+
+def build_timing_table(reg: Registry) -> list[Path]:
+    """Table A3: training wall-clock and images/s per method, read from the training records."""
+    import pandas as pd
+
+    from ..io import read_json
+    from .paper_reference import paper_table
+    started = time.time()
+    rows, inputs = [], {}
+    paper = paper_table(TIMING_TABLE).set_index(["row", "metric"])["value"]
+    for row, run_id in timing_runs(reg).items():
+        record = read_json(paths.run_record(run_id)) if run_id else None
+        if record:
+            inputs[row] = paths.run_record(run_id)
+        measured = {"wall_clock_min": record["wall_time_s"] / 60 if record else None,
+                    "throughput_img_s": record["images_per_second"] if record else None}
+        for metric, value in measured.items():
+            rows.append({"table": TIMING_TABLE, "row": row, "metric": metric, "run_id": run_id,
+                         "status": "ok" if record else "not implemented yet", "ours": value,
+                         "paper": paper.get((row, metric)), "device": record["device"]["type"] if record else None,
+                         "resumed": bool(record and record.get("resumed_from_step"))})
+    frame = pd.DataFrame(rows)
+    outputs = {ext: paths.table(TIMING_TABLE, ext) for ext in ("csv", "md")}
+    write_text(outputs["csv"], frame.to_csv(index=False))
+    lines = [f"# Table A3: training cost per method (DCI, {reg.profile_name} profile)", "",
+             "Wall-clock of the training job and images/s over it (including per-epoch evaluation), from each "
+             "run's training record. Different hardware from the paper's (Ascend 910B): compare ratios, not values.",
+             "", "| method | wall-clock (min) | images/s | paper wall-clock (min) | paper images/s | device |",
+             "|---|---|---|---|---|---|"]
+    for row, group in frame.groupby("row", sort=False):
+        get = group.set_index("metric")
+
+        def fmt(value):
+            return "n/i" if value is None or value != value else f"{value:.2f}"
+        lines.append(f"| {row} | {fmt(get.loc['wall_clock_min', 'ours'])} | {fmt(get.loc['throughput_img_s', 'ours'])} "
+                     f"| {fmt(get.loc['wall_clock_min', 'paper'])} | {fmt(get.loc['throughput_img_s', 'paper'])} "
+                     f"| {get.iloc[0]['device'] or '–'} |")
+    write_text(outputs["md"], "\n".join(lines) + "\n")
+    record = provenance.record("table", inputs=inputs, params={"profile": reg.profile_name},
+                               wall_time_s=time.time() - started,
+                               extra={"table": TIMING_TABLE, "cells": _records(frame),
+                                      "outputs": {str(p): provenance.file_sha256(p) for p in outputs.values()}})
+    record_path = paths.table(TIMING_TABLE, "provenance.json")
+    write_json(record_path, record)
+    return list(outputs.values()) + [record_path]

@@ -64,7 +64,7 @@ class GradientProbe:
         clip, hn = _statistics(clip_params), _statistics(hn_params)
         record = {"gamma": self.gamma, "gamma_source": self.gamma_source, "margin": self.margin,
                   "batch": int(logits["clip"].shape[0]), "parameters": clip["entries"],
-                  "clip_loss": float(losses["clip"]), "hn_loss": float(losses["hn"]),
+                  "clip_loss": float(losses["clip"].detach()), "hn_loss": float(losses["hn"].detach()),
                   "clip_grad_norm": clip["norm"], "hn_grad_norm": hn["norm"],
                   "grad_cosine": _cosine(clip_params, hn_params, clip["norm"], hn["norm"]),
                   "clip_grad_exactly_zero": clip["zero_entries"] == clip["entries"],

@@ -1,0 +1,187 @@
+"""Lineage and audit on a real micro project (one `dvc repro`, see fixtures_project): a Table 3a
+cell traces back to raw data, initial weights and the git commit; each kind of tampering is caught
+and named by the audit; a clean project audits with exit 0."""
+import json
+import shutil
+import subprocess
+
+import pandas as pd
+import pytest
+
+from fixtures_project import copy_project, micro_project  # noqa: F401  (session fixture)
+from hnclip import audit as audit_module
+from hnclip.audit import audit, main_audit
+from hnclip.io import read_json, sha256_file
+from hnclip.lineage import format_lineage, iter_nodes, lineage, lineage_json
+
+pytestmark = pytest.mark.slow
+
+CELL = "gamma=0.5/docci/t2i/R@1"
+TABLE = "results/tables/table3a.provenance.json"
+TABLE_CSV = "results/tables/table3a.csv"
+
+
+def _nodes(chain: dict, step: str) -> list[dict]:
+    return [node for node in iter_nodes(chain) if node["step"] == step]
+
+
+def _git_head(proj) -> str:
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=proj, capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def _docci_run(proj) -> str:
+    return next(c["run_id"] for c in read_json(proj / TABLE)["cells"] if c["benchmark"] == "docci")
+
+
+# ---- lineage --------------------------------------------------------------------------------------
+def test_lineage_of_a_table3a_cell_reaches_raw_data_initial_weights_and_git(micro_project):
+    proj = micro_project
+    chain = lineage(proj / TABLE_CSV, CELL, root=proj)
+    csv = pd.read_csv(proj / TABLE_CSV)
+    expected = csv[(csv["row"] == "gamma=0.5") & (csv["column"] == "docci/t2i/R@1")].iloc[0]
+    assert chain["facts"]["value"] == pytest.approx(expected["ours_mean"])
+
+    run_id = _docci_run(proj)
+    train = read_json(proj / "results/runs" / run_id / "train.json")
+    evaluation, = _nodes(chain, "evaluation")
+    assert evaluation["path"] == f"results/evals/{run_id}/docci.json" and evaluation["verified"] is True
+    checkpoint, = _nodes(chain, "checkpoint")
+    assert checkpoint["sha256"] == sha256_file(proj / "results/runs" / run_id / "model.pt")
+    epochs = {h["epoch"]: h["weights_sha256"] for h in train["history"]}
+    assert checkpoint["facts"]["selected_epoch_weights_sha256"] == epochs[checkpoint["facts"]["selected_epoch"]]
+    run, = _nodes(chain, "run")
+    assert run["params"] == train["spec"] and run["facts"]["spec_hash"] == train["spec_hash"]
+
+    # manifests -> dataset record -> raw data (the synthetic generator's fingerprint)
+    manifests = {n["path"]: n for n in iter_nodes(chain) if n["step"] in ("train manifest", "test manifest")}
+    for rel in ("data/embedded/docci/train.jsonl", "data/embedded/docci/test.jsonl"):
+        assert manifests[rel]["sha256"] == sha256_file(proj / rel) and manifests[rel]["verified"] is True
+    dataset = read_json(proj / "data/embedded/docci/dataset.json")
+    raw = [n["facts"] for n in _nodes(chain, "raw data") if n["facts"]["generator"]["variant"] == "docci"]
+    assert raw and all(f["generator"]["digest"] == dataset["generator"]["digest"] for f in raw)
+    assert all(f["source_sha256"]["distinct"] > 0 for f in raw)
+
+    # initial weights, one level into the backbone pretrained here
+    init, = _nodes(chain, "initial weights")
+    assert init["path"] == "results/backbones/tiny_pretrained/model.pt"
+    assert init["sha256"] == sha256_file(proj / init["path"]) and init["verified"] is True
+    backbone, = _nodes(chain, "backbone run")
+    assert backbone["facts"]["run_id"].startswith("backbone-tiny_pretrained-")
+    assert not _nodes(backbone, "initial weights")  # pretrained from scratch: the chain ends there
+
+    # every record on the way carries the commit the pipeline ran at, and its params
+    head = _git_head(proj)
+    recorded = [n for n in iter_nodes(chain) if "git" in n]
+    assert {n["step"] for n in recorded} >= {"table", "evaluation", "run", "dataset", "backbone run"}
+    assert all(n["git"]["commit"] == head and n["git"]["dirty"] is False for n in recorded)
+    assert all(n.get("params") for n in recorded)
+
+    assert json.loads(lineage_json(chain)) == json.loads(json.dumps(chain, default=str))
+    text = format_lineage(chain)
+    for fragment in (f"evaluation: results/evals/{run_id}/docci.json", "initial weights: results/backbones",
+                     head[:12], dataset["generator"]["digest"][:16], "[ok]"):
+        assert fragment in text
+    assert "CHANGED" not in text and "MISSING" not in text
+
+
+def test_lineage_accepts_markdown_labels_and_the_average_column(micro_project):
+    proj = micro_project
+    by_key = lineage(proj / TABLE_CSV, CELL, root=proj)
+    by_label = lineage(proj / "results/tables/table3a.md", "gamma=0.50/DOCCI T→I R@1", root=proj)
+    assert by_label["facts"] == by_key["facts"]
+    average = lineage(proj / TABLE_CSV, "gamma=0.5/Avg", root=proj)
+    values = _nodes(average, "value")
+    assert {v["facts"]["benchmark"] for v in values} == {"docci", "dci", "long_dci", "urban1k"}
+    assert average["facts"]["value"] == pytest.approx(sum(v["facts"]["value"] for v in values) / len(values))
+
+
+def test_unknown_cell_names_the_available_rows_and_columns(micro_project):
+    with pytest.raises(KeyError) as error:
+        lineage(micro_project / TABLE_CSV, "gamma=0.3/docci/t2i/R@1", root=micro_project)
+    assert "gamma=0.5" in str(error.value) and "docci/t2i/R@1" in str(error.value)
+
+
+# ---- audit ----------------------------------------------------------------------------------------
+def test_clean_project_audits_with_exit_zero(micro_project, capsys):
+    assert audit(micro_project) == []
+    assert main_audit(micro_project) == 0
+    out = capsys.readouterr().out
+    assert "artifacts verified" in out and int(out.split("audit ok: ")[1].split()[0]) > 20
+
+
+def _edit_eval_number(proj) -> dict:
+    run_id = _docci_run(proj)
+    path = f"results/evals/{run_id}/docci.json"
+    record = read_json(proj / path)
+    record["best"]["metrics"]["t2i"]["R@1"] += 12.5
+    (proj / path).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    return {"path": path, "artifact": TABLE, "also": [(path, path), ("dvc.lock", "results/evals")]}
+
+
+def _swap_checkpoint(proj) -> dict:
+    cells = read_json(proj / TABLE)["cells"]
+    victim = next(c["run_id"] for c in cells if c["benchmark"] == "docci")
+    donor = next(c["run_id"] for c in cells if c["benchmark"] == "dci")
+    path, donor_path = f"results/runs/{victim}/model.pt", f"results/runs/{donor}/model.pt"
+    shutil.copy(proj / donor_path, proj / path)
+    return {"path": path, "artifact": f"results/runs/{victim}/train.json", "message": donor_path,
+            "also": [(f"results/evals/{victim}/docci.json", path), ("dvc.lock", "results/runs")]}
+
+
+def _edit_test_manifest(proj) -> dict:
+    path = "data/embedded/docci/test.jsonl"
+    with open(proj / path, "a") as handle:
+        handle.write(" ")
+    run_id = _docci_run(proj)
+    return {"path": path, "artifact": "data/embedded/docci/dataset.json",
+            "also": [(f"results/evals/{run_id}/docci.json", path), (f"results/runs/{run_id}/train.json", path)]}
+
+
+def _change_lr(proj) -> dict:
+    params = proj / "params.yaml"
+    text = params.read_text()
+    assert text.count("lr: 0.0001\n") == 1
+    params.write_text(text.replace("lr: 0.0001\n", "lr: 0.0002\n"))
+    return {"path": "params.yaml", "artifact": TABLE, "message": "recipe.lr: 0.0001 -> 0.0002",
+            "also": [("dvc.lock", "params.yaml")]}
+
+
+def _edit_table_csv(proj) -> dict:
+    path = proj / TABLE_CSV
+    frame = pd.read_csv(path)
+    frame.loc[0, "ours_mean"] += 1.0
+    frame.to_csv(path, index=False)
+    return {"path": TABLE_CSV, "artifact": TABLE, "also": [("dvc.lock", "results/tables")]}
+
+
+TAMPERING = {"tampered metrics": _edit_eval_number, "swapped checkpoint": _swap_checkpoint,
+             "edited manifest": _edit_test_manifest, "params changed without rerun": _change_lr,
+             "tampered table csv": _edit_table_csv}
+
+
+@pytest.mark.parametrize("case", list(TAMPERING))
+def test_audit_catches_and_names_each_tampering(case, micro_project, tmp_path, capsys):
+    proj = copy_project(micro_project, tmp_path / "proj")  # each case tampers with its own copy
+    expect = TAMPERING[case](proj)
+    mismatches = audit(proj)
+    named = {(m.artifact, m.path) for m in mismatches}
+    assert (expect["artifact"], expect["path"]) in named, [str(m) for m in mismatches]
+    for pair in expect["also"]:
+        assert pair in named, (pair, [str(m) for m in mismatches])
+    main = next(m for m in mismatches if (m.artifact, m.path) == (expect["artifact"], expect["path"]))
+    assert expect.get("message", expect["path"]) in main.message
+    assert main.recorded_sha256 != main.actual_sha256
+    assert main_audit(proj) == 1
+    assert expect["path"] in capsys.readouterr().err
+
+
+def test_without_dvc_the_lock_files_md5_are_still_checked(micro_project, tmp_path, monkeypatch):
+    proj = copy_project(micro_project, tmp_path / "proj")
+    monkeypatch.setattr(audit_module, "dvc_available", lambda: False)
+    assert audit(proj) == []
+    with open(proj / "Snakefile", "a") as handle:
+        handle.write("\n")
+    mismatch, = audit(proj)
+    assert (mismatch.artifact, mismatch.path) == ("dvc.lock", "Snakefile")
+    assert mismatch.recorded_sha256.startswith("md5:") and mismatch.actual_sha256.startswith("md5:")
