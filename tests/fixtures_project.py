@@ -31,6 +31,30 @@ def lineage_params() -> dict:
     return params
 
 
+# Table 3a through the `hnclip` verbs the workflow rules call (data -> pretrain -> train -> evaluate ->
+# table), in one process: one torch import instead of one per job, so it takes about a minute.
+BUILD_TABLE3A = """
+from hnclip.cli import main
+from hnclip.config import load_params
+from hnclip.registry import Registry
+
+reg = Registry(load_params("params.yaml"), validate=False)
+
+def step(*argv):
+    if main(["--threads", "2", *argv]) != 0:
+        raise SystemExit(f"hnclip {' '.join(argv)} failed")
+
+for role in [*reg.used_datasets(), "pretrain"]:
+    step("data", role)
+step("pretrain")
+for run_id in sorted({cell.run_id for cell in reg.cells("table3a") if cell.run_id}):
+    step("train", "--run", run_id)
+for run_id, benchmark in reg.evaluations(["table3a"]):
+    step("evaluate", "--run", run_id, "--benchmark", benchmark)
+step("table", "table3a")
+"""
+
+
 def build_micro_project(proj: Path) -> Path:
     """Lay out a fresh project in `proj`, commit it and run `dvc repro` once."""
     proj.mkdir(parents=True, exist_ok=True)
@@ -45,7 +69,11 @@ def build_micro_project(proj: Path) -> Path:
     (proj / ".venv").symlink_to(VENV_BIN.parent)
     (proj / "params.yaml").write_text(yaml.safe_dump(lineage_params(), sort_keys=False))
     run("git init -q && git add -A && git commit -qm init", proj)
-    run(".venv/bin/dvc repro", proj)
+    run([str(VENV_BIN / "python"), "-c", BUILD_TABLE3A], proj)
+    # The lock `dvc repro` would write, for the outputs as they are: what the audit compares against.
+    (proj / "results" / "stats").mkdir(exist_ok=True)
+    (proj / "figures").mkdir(exist_ok=True)
+    run(".venv/bin/dvc commit -f -q", proj)
     return proj
 
 

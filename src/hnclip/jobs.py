@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from . import paths
-from .registry import Registry, make_run_id
+from .registry import Registry, make_run_id, pretrain_dataset, with_generator_digest
 from .train import TrainJob
 
 PRETRAIN_ROLE = "pretrain"
@@ -29,7 +29,7 @@ def pretrain_spec(reg: Registry, name: str) -> dict:
     pre = backbone["pretrain"]
     return {
         "train_set": PRETRAIN_ROLE,
-        "dataset": {"kind": "synthetic", "variant": pre["variant"], "sizes": pre["sizes"], "seed": pre["data_seed"]},
+        "dataset": with_generator_digest(pretrain_dataset(pre)),
         "fraction": 1.0, "seed": pre["seed"],
         "init": {"backbone": "scratch", "model_config": backbone["model_config"]},
         "objective": {"framework": "full", "gamma": 0.0, "lambda_tok": 0.0, "margin": "live"},
@@ -55,7 +55,5 @@ def pretrain_job(reg: Registry, name: str) -> TrainJob:
 def dataset_generation(reg: Registry, role: str) -> dict:
     """What `hnclip data` must produce for a dataset role (or the pretraining corpus)."""
     if role == PRETRAIN_ROLE:
-        spec = pretrain_spec(reg, reg.backbone_name())["dataset"]
-    else:
-        spec = reg.dataset_spec(role)
-    return spec
+        return pretrain_dataset(reg.backbone_spec()["pretrain"])
+    return reg.profile["datasets"][role]

@@ -53,6 +53,19 @@ class Cell:
         return "ok" if self.run_id else NOT_IMPLEMENTED
 
 
+def pretrain_dataset(pretrain: dict) -> dict:
+    """The synthetic corpus a backbone is pretrained on, as a dataset realisation."""
+    return {"kind": "synthetic", "variant": pretrain["variant"], "sizes": pretrain["sizes"], "seed": pretrain["data_seed"]}
+
+
+def with_generator_digest(dataset: dict) -> dict:
+    if dataset["kind"] != "synthetic":
+        return dataset
+    from .data.synthetic import dataset_fingerprint
+    digest = dataset_fingerprint(dataset["variant"], dataset["sizes"], dataset["seed"])["digest"]
+    return {**dataset, "generator_digest": digest}
+
+
 def _fmt(value: float) -> str:
     return f"{value:g}"
 
@@ -125,7 +138,9 @@ class Registry:
 
     # ---- expansion -----------------------------------------------------------------------------
     def dataset_spec(self, role: str) -> dict:
-        return self.profile["datasets"][role]
+        """A dataset role's realisation; generated data also carry the generator's digest, so a
+        change of the generator's code is a change of every run trained on its output."""
+        return with_generator_digest(self.profile["datasets"][role])
 
     def backbone_name(self) -> str:
         return self.profile["backbone"]
@@ -133,13 +148,20 @@ class Registry:
     def backbone_spec(self, name: str | None = None) -> dict:
         return self.params["backbones"][name or self.backbone_name()]
 
+    def init_spec(self) -> dict:
+        """What a run starts from: the backbone's spec (and its pretraining data's digest)."""
+        spec = {"backbone": self.backbone_name(), **self.backbone_spec()}
+        if "pretrain" in spec:
+            spec["pretrain_data"] = with_generator_digest(pretrain_dataset(spec["pretrain"]))["generator_digest"]
+        return spec
+
     def run_spec(self, train_set: str, objective: dict, seed: int, fraction: float = 1.0) -> RunSpec:
         spec = {
             "train_set": train_set,
             "dataset": self.dataset_spec(train_set),
             "fraction": float(fraction),
             "seed": int(seed),
-            "init": {"backbone": self.backbone_name(), **self.backbone_spec()},
+            "init": self.init_spec(),
             "objective": {key: objective[key] for key in OBJECTIVE_KEYS},
             "recipe": self.profile["recipe"],
         }
@@ -151,7 +173,7 @@ class Registry:
 
     def zeroshot_id(self) -> str:
         """The pseudo-run of the initial backbone evaluated as released (no training)."""
-        digest = hashlib.sha256(canonical_json(self.backbone_spec()).encode()).hexdigest()
+        digest = hashlib.sha256(canonical_json(self.init_spec()).encode()).hexdigest()
         return f"zeroshot-{self.backbone_name()}-{digest[:8]}"
 
     def _table_rows(self, name: str) -> list[dict]:

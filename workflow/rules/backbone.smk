@@ -9,7 +9,7 @@ rule pretrain_backbone:
         record="results/backbones/{backbone}/train.json",
         steps="results/backbones/{backbone}/steps.jsonl",
     params:
-        spec=lambda w: canonical_json(config["backbones"][w.backbone]),
+        spec=lambda w: canonical_json(pretrain_spec(REG, w.backbone)),
     log:
         "logs/backbones/{backbone}.log",
     benchmark:

@@ -5,8 +5,8 @@ import sys
 from hnclip import paths
 from hnclip.config import validate_params
 from hnclip.io import canonical_json
-from hnclip.jobs import PRETRAIN_ROLE, dataset_generation
-from hnclip.registry import Registry
+from hnclip.jobs import PRETRAIN_ROLE, dataset_generation, pretrain_spec
+from hnclip.registry import Registry, with_generator_digest
 
 validate_params(config)  # fails before any job starts, naming the bad key and the allowed values
 REG = Registry(config, validate=False)

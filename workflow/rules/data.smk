@@ -5,7 +5,7 @@ rule dataset:
     output:
         marker=f"{DATA_ROOT}/{{dataset}}/dataset.json",
     params:
-        spec=lambda w: canonical_json(dataset_generation(REG, w.dataset)),
+        spec=lambda w: canonical_json(with_generator_digest(dataset_generation(REG, w.dataset))),
     log:
         f"logs/{PROFILE}/data/{{dataset}}.log",
     shell:

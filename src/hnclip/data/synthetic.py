@@ -36,7 +36,7 @@ from PIL import Image
 from ..io import canonical_json, sha256_bytes
 from .manifest import ManifestRow, write_manifest
 
-GENERATOR_VERSION = 1  # bump whenever output bytes change for the same arguments
+GENERATOR_VERSION = 2  # bump whenever output bytes change for the same arguments
 
 # ---------------------------------------------------------------------------------------------
 # Visual vocabulary
@@ -82,8 +82,10 @@ class VariantSpec:
 
 
 VARIANTS: dict[str, VariantSpec] = {
-    # Backbone pretraining corpus: independent scenes, terse captions in their own wording.
-    "pretrain": VariantSpec(("train", "test"), 1, (2, 5), "terse", (30, 70), STANDARD_BACKGROUNDS),
+    # Backbone pretraining corpus, broad like Long-CLIP's: every background (the urban ones too),
+    # near-duplicate pairs so attributes matter, terse captions in their own wording.
+    "pretrain": VariantSpec(("train", "test"), 2, (2, 6), "terse", (30, 80),
+                            STANDARD_BACKGROUNDS + URBAN_BACKGROUNDS),
     "docci": VariantSpec(("train", "test"), 4, (4, 7), "flowing", (60, 150), STANDARD_BACKGROUNDS),
     # DCI: region-by-region captions, a one-sentence summary, and Long-DCI's full-length test split.
     "dci": VariantSpec(("train", "test", "test_long"), 4, (3, 6), "regions", (60, 150),
