@@ -1,7 +1,10 @@
-"""A real micro project (git + DVC + Snakemake, test_workflow's micro params), built once per session.
+"""A real micro project (git + DVC, test_workflow's micro params cut to Table 3a), built once per session.
 
-Tests that need real artifacts (tables, evaluations, checkpoints, manifests, dvc.lock) import
-`micro_project` and copy it with `copy_project` before changing anything, so each case starts clean.
+The artifacts are made by the same `hnclip` verbs the workflow rules call, in one process (the full
+`dvc repro` DAG, with its stats, figures and derived tables, is test_workflow's subject and takes
+minutes); `dvc commit` then writes the dvc.lock that `dvc repro` would. Tests that need real
+artifacts (tables, evaluations, checkpoints, manifests, dvc.lock) use `micro_project` and copy it
+with `copy_project` before changing anything, so each case starts clean.
 """
 from __future__ import annotations
 
@@ -21,8 +24,9 @@ def _figure_tables(figure: dict) -> set[str]:
 
 
 def lineage_params() -> dict:
-    """test_workflow's micro params cut to Table 3a with one gamma, and only the figures drawn from it:
-    one row still trains a run per training set (docci, dci, vg), which is all lineage and audit need."""
+    """test_workflow's micro params cut to Table 3a with one gamma: one row still trains a run per
+    training set (docci, dci, vg), which is all lineage and audit need. Figures drawn from the tables
+    dropped here are dropped too (the registry rejects a figure of an unknown table)."""
     params = micro_params()
     params["tables"] = {"table3a": params["tables"]["table3a"]}
     params["tables"]["table3a"]["vary"]["gamma"] = [0.5]
@@ -56,14 +60,14 @@ step("table", "table3a")
 
 
 def build_micro_project(proj: Path) -> Path:
-    """Lay out a fresh project in `proj`, commit it and run `dvc repro` once."""
+    """Lay out a fresh project in `proj`, commit it, build Table 3a and record dvc.lock."""
     proj.mkdir(parents=True, exist_ok=True)
     for name in PROJECT_FILES:
         shutil.copy(ROOT / name, proj / name)
     shutil.copytree(ROOT / "workflow", proj / "workflow")
     shutil.copytree(ROOT / ".dvc", proj / ".dvc", ignore=shutil.ignore_patterns("tmp", "cache"))
-    # A copy, not a link: dvc.lock hashes src/hnclip, and edits others make to the live tree while
-    # the tests run must not look like "code changed since dvc repro". The jobs still import the
+    # A copy, not a link: dvc.lock hashes src/hnclip, and edits made to the live tree while the
+    # tests run must not look like "code changed since dvc repro". The build still imports the
     # installed (editable) package.
     shutil.copytree(ROOT / "src" / "hnclip", proj / "src" / "hnclip", ignore=shutil.ignore_patterns("__pycache__"))
     (proj / ".venv").symlink_to(VENV_BIN.parent)

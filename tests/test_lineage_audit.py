@@ -1,6 +1,6 @@
-"""Lineage and audit on a real micro project (one `dvc repro`, see fixtures_project): a Table 3a
-cell traces back to raw data, initial weights and the git commit; each kind of tampering is caught
-and named by the audit; a clean project audits with exit 0."""
+"""Lineage and audit on a real micro project (built once per session, see fixtures_project): a
+Table 3a cell traces back to raw data, initial weights and the git commit; each kind of tampering
+(on its own copy of the project) is caught and named by the audit; a clean project audits with exit 0."""
 import json
 import shutil
 import subprocess

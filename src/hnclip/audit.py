@@ -24,6 +24,13 @@ from .lineage import current_sha256, dataset_record_path, provenance_of, resolve
 from .registry import Registry
 
 VALUE_TOLERANCE = 1e-6  # records store float32 recalls as JSON floats
+RECORDS = {  # the records the pipeline writes, by kind (in the order run_audit unpacks them)
+    "backbones": "results/backbones/*/train.json",
+    "runs": "results/runs/*/train.json",
+    "evaluations": "results/evals/*/*.json",
+    "stats": "results/stats/*.json",
+    "tables": "results/tables/*.provenance.json",
+}
 
 
 @dataclass(frozen=True)
@@ -55,7 +62,9 @@ def _digest(value) -> str:
 
 
 def _short(sha: str | None) -> str:
-    return "none" if not sha else sha if sha == "missing" else sha[:12]
+    if not sha:
+        return "none"
+    return sha if sha == "missing" else sha[:12]
 
 
 class _Auditor:
@@ -96,8 +105,27 @@ def _relative(root: Path, path: Path) -> str:
     return str(path.relative_to(root))
 
 
-def _records(root: Path, pattern: str) -> list[tuple[str, dict]]:
-    return [(_relative(root, p), read_json(p)) for p in sorted(root.glob(pattern))]
+def _read_record(auditor: _Auditor, path: Path) -> dict | None:
+    """A record, or None (reported) when it no longer parses: hand edits can break JSON too."""
+    try:
+        return read_json(path)
+    except ValueError as exc:
+        artifact = _relative(auditor.root, path)
+        auditor.add(Mismatch(artifact, artifact, None, current_sha256(auditor.root, path), f"is not valid JSON: {exc}"))
+        return None
+
+
+def _read_if_valid(root: Path, path: str) -> dict | None:
+    """A record another record points at; None if missing or broken (reported by its own checks)."""
+    try:
+        return read_json(resolve(root, path))
+    except (OSError, ValueError):
+        return None
+
+
+def _records(auditor: _Auditor, paths) -> list[tuple[str, dict]]:
+    read = ((_relative(auditor.root, p), _read_record(auditor, p)) for p in sorted(paths))
+    return [(artifact, record) for artifact, record in read if record is not None]
 
 
 def _has_file_claims(record) -> bool:
@@ -105,25 +133,19 @@ def _has_file_claims(record) -> bool:
     return isinstance(inputs, dict) and all(isinstance(e, dict) and "sha256" in e for e in inputs.values())
 
 
-def _other_records(root: Path, seen: set[str]) -> list[tuple[str, dict]]:
-    """Any other record under results/ with provenance (overlap reports, derived tables' inputs...)."""
-    found = []
-    for path in sorted(root.glob("results/**/*.json")):
-        artifact = _relative(root, path)
-        if artifact not in seen:
-            record = read_json(path)
-            if _has_file_claims(record):
-                found.append((artifact, record))
-    return found
+def _other_records(auditor: _Auditor, seen: set[Path]) -> list[tuple[str, dict]]:
+    """Any other record under results/ with provenance (overlap reports, derived tables...)."""
+    unseen = [p for p in auditor.root.glob("results/**/*.json") if p not in seen]
+    return [(artifact, record) for artifact, record in _records(auditor, unseen) if _has_file_claims(record)]
 
 
-def _dataset_records(root: Path, params: dict | None, manifests: set[str]) -> list[tuple[str, dict]]:
+def _dataset_records(auditor: _Auditor, params: dict | None, manifests: set[str]) -> list[tuple[str, dict]]:
     """dataset.json of every profile's data root, and next to every manifest a record names."""
-    found = set()
+    root, found = auditor.root, set()
     for profile in (params or {}).get("profiles", {}).values():
         found.update(root.glob(f"{profile['data_root']}/*/dataset.json"))
     found.update(p for p in (dataset_record_path(resolve(root, m)) for m in manifests) if p.is_file())
-    return [(_relative(root, p), read_json(p)) for p in sorted(found)]
+    return _records(auditor, found)
 
 
 def _manifests_named(records: list[tuple[str, dict]]) -> set[str]:
@@ -136,8 +158,7 @@ def _load_registry(root: Path, auditor: _Auditor) -> Registry | None:
     try:
         return Registry(load_params(root / "params.yaml"), validate=False)
     except (ParamsError, KeyError) as exc:
-        auditor.add(Mismatch("params.yaml", "params.yaml", None, "missing" if not (root / "params.yaml").is_file()
-                             else current_sha256(root, "params.yaml"),
+        auditor.add(Mismatch("params.yaml", "params.yaml", None, current_sha256(root, "params.yaml"),
                              f"cannot be loaded, so params could not be compared: {exc}"))
         return None
 
@@ -181,7 +202,7 @@ def _spec_diff(recorded, current, prefix: str = "") -> list[str]:
 def _check_run_spec(auditor: _Auditor, artifact: str, record: dict, expected: dict | None) -> None:
     """The spec must still hash to its recorded hash, and equal what params.yaml gives that run."""
     spec, spec_hash = record.get("spec"), record.get("spec_hash")
-    auditor.value_claim(artifact, artifact, spec_hash, hashlib.sha256(canonical_json(spec).encode()).hexdigest(),
+    auditor.value_claim(artifact, artifact, spec_hash, _digest(spec),  # run ids hash the canonical spec
                         "spec does not hash to the recorded spec_hash: the record was edited")
     if expected is not None:
         diff = _spec_diff(spec, expected)
@@ -227,9 +248,10 @@ def _check_evaluation(auditor: _Auditor, artifact: str, record: dict) -> None:
     """Selected-epoch metrics must be the ones the training history recorded for that epoch."""
     _check_files(auditor, artifact, record)
     train_path = provenance_of(record).get("inputs", {}).get("train_record", {}).get("path")
-    if not train_path or not resolve(auditor.root, train_path).is_file():
-        return
-    history = {h["epoch"]: h for h in read_json(resolve(auditor.root, train_path)).get("history", [])}
+    train_record = _read_if_valid(auditor.root, train_path) if train_path else None
+    if train_record is None:
+        return  # zero-shot (no training), or a missing/broken record reported on its own
+    history = {h["epoch"]: h for h in train_record.get("history", [])}
     benchmark = record.get("benchmark")
     chosen = [("best", record.get("best"))] + [(f"per_epoch {e.get('epoch')}", e) for e in record.get("per_epoch", [])]
     for label, entry in chosen:
@@ -254,11 +276,10 @@ def _check_table_cells(auditor: _Auditor, artifact: str, record: dict) -> None:
         if not path or cell.get("value") is None:
             continue  # a row marked not implemented yet, or a table not built from evaluations
         if path not in evaluations:
-            file = resolve(auditor.root, path)
-            evaluations[path] = read_json(file) if file.is_file() else None
+            evaluations[path] = _read_if_valid(auditor.root, path)
         evaluation = evaluations[path]
         if evaluation is None:
-            continue  # reported as a missing input
+            continue  # reported as a missing or changed input
         chosen = evaluation.get(selection, {})
         actual = (chosen.get("epoch"), chosen.get("metrics", {}).get(cell["direction"], {}).get(cell["metric"]))
         recorded = (cell["epoch"], cell["value"])
@@ -310,8 +331,8 @@ def _check_table_runs(auditor: _Auditor, artifact: str, record: dict, reg: Regis
 
 
 def _recorded_spec(root: Path, run_id: str | None) -> dict | None:
-    record = resolve(root, f"results/runs/{run_id}/train.json")
-    return read_json(record).get("spec") if run_id and record.is_file() else None
+    record = _read_if_valid(root, f"results/runs/{run_id}/train.json") if run_id else None
+    return record.get("spec") if record else None
 
 
 def _run_change_message(key: tuple, old: str | None, new: str | None, old_spec, new_spec) -> str:
@@ -323,8 +344,8 @@ def _run_change_message(key: tuple, old: str | None, new: str | None, old_spec, 
         return f"{cell}: params.yaml asks for it but the table lacks it; rerun the pipeline"
     diff = _spec_diff(old_spec, new_spec) if old_spec is not None else []
     change = f" ({'; '.join(diff)})" if diff else ""
-    return (f"{cell}: table built from run {old}, but params.yaml now gives run {new}{change}: "
-            f"params changed without rerun")
+    return (f"{cell}: table built from run {old}, but params.yaml (through the current registry code) now gives "
+            f"run {new}{change}: params changed without rerun")
 
 
 def _check_tables(auditor: _Auditor, tables: list[tuple[str, dict]], reg: Registry | None) -> None:
@@ -442,14 +463,10 @@ def run_audit(root: str | Path = Path("."), reg: Registry | None = None) -> Audi
     root = Path(root)
     auditor = _Auditor(root)
     reg = reg or _load_registry(root, auditor)
-    backbones = _records(root, "results/backbones/*/train.json")
-    runs = _records(root, "results/runs/*/train.json")
-    evaluations = _records(root, "results/evals/*/*.json")
-    stats = _records(root, "results/stats/*.json")
-    tables = _records(root, "results/tables/*.provenance.json")
-    datasets = _dataset_records(root, reg.params if reg else None, _manifests_named(backbones + runs + evaluations))
-    known = backbones + runs + evaluations + stats + tables
-    others = _other_records(root, {artifact for artifact, _ in known})
+    found = {kind: sorted(root.glob(pattern)) for kind, pattern in RECORDS.items()}
+    backbones, runs, evaluations, stats, tables = (_records(auditor, found[kind]) for kind in RECORDS)
+    datasets = _dataset_records(auditor, reg.params if reg else None, _manifests_named(backbones + runs + evaluations))
+    others = _other_records(auditor, {path for paths in found.values() for path in paths})
     _remember_outputs(auditor, backbones + runs + tables)
     for artifact, record in datasets + stats + others:
         _check_files(auditor, artifact, record)

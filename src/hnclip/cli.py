@@ -155,6 +155,23 @@ def cmd_overlap(args) -> int:
     return 0
 
 
+def cmd_lineage(args) -> int:
+    from .lineage import format_lineage, lineage, lineage_json
+    try:
+        chain = lineage(Path(args.table_file), args.cell, root=Path("."))
+    except (KeyError, ValueError) as exc:  # unknown cell, or a table not built from evaluations
+        print(f"error: {exc.args[0]}", file=sys.stderr)
+        return 2
+    print(lineage_json(chain) if args.json else format_lineage(chain))
+    return 0
+
+
+def cmd_audit(args) -> int:
+    from .audit import main_audit
+    # Without --profile the audit loads ./params.yaml itself and reports a params file that won't load.
+    return main_audit(Path("."), reg=_registry(args) if args.profile else None)
+
+
 def cmd_cell(args) -> int:
     from . import cell
     reg = _registry(args)
@@ -201,6 +218,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--test", default="urban1k")
     p.add_argument("--max-distance", type=int, default=32, help="Hamming distance of 256-bit pHashes")
     p.add_argument("--drop", action="store_true", help="also write <train>/train.dedup.jsonl without the overlaps")
+    p = sub.add_parser("lineage", help="trace one table cell back to raw data, initial weights and commits")
+    p.add_argument("table_file", help="results/tables/<table>.csv (or .md, .tex, .provenance.json)")
+    p.add_argument("--cell", required=True,
+                   help='"<row>/<column>", e.g. "gamma=0.5/docci/t2i/R@1" or "gamma=0.5/DOCCI T→I R@1"')
+    p.add_argument("--json", action="store_true", help="print the chain as JSON")
+    sub.add_parser("audit", help="re-hash every recorded input and output; compare params and dvc.lock")
     p = sub.add_parser("cell", help="build just one table cell (its run and evaluation) and print where it is")
     p.add_argument("table")
     p.add_argument("--dataset", help="benchmark of the cell (docci, dci, long_dci, urban1k)")
@@ -214,7 +237,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 COMMANDS = {"validate": cmd_validate, "runs": cmd_runs, "data": cmd_data, "download": cmd_download, "pretrain": cmd_pretrain,
             "train": cmd_train, "evaluate": cmd_evaluate, "stats": cmd_stats, "table": cmd_table,
-            "figure": cmd_figure, "cell": cmd_cell, "overlap": cmd_overlap}
+            "figure": cmd_figure, "cell": cmd_cell, "overlap": cmd_overlap,
+            "lineage": cmd_lineage, "audit": cmd_audit}
+
+
+def _user_errors() -> tuple[type[Exception], ...]:
+    """Failures whose message already says what went wrong and what to do: no traceback."""
+    from .data.download import DownloadError
+    from .data.manifest import ManifestError
+    from .models.longclip import CheckpointMismatchError
+    from .train import NonFiniteLossError
+    return DownloadError, ManifestError, CheckpointMismatchError, NonFiniteLossError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -224,6 +257,11 @@ def main(argv: list[str] | None = None) -> int:
     except ParamsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:
+        if isinstance(exc, _user_errors()):
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        raise
 
 
 if __name__ == "__main__":

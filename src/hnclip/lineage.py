@@ -57,8 +57,8 @@ def dataset_record_path(manifest: Path) -> Path:
 
 
 # ---- nodes --------------------------------------------------------------------------------------
-def _verified(root: Path, path: str | Path, recorded: str | None):
-    actual = current_sha256(root, path)
+def _verified(actual: str, recorded: str | None):
+    """True/False: the file still has the recorded sha256; None: nothing was recorded for it."""
     if actual == "missing":
         return "missing"
     return None if recorded is None else actual == recorded
@@ -66,10 +66,12 @@ def _verified(root: Path, path: str | Path, recorded: str | None):
 
 def _node(step: str, root: Path, path: str | Path | None = None, sha256: str | None = None,
           record: dict | None = None, params=None, facts: dict | None = None, inputs: list | None = None) -> dict:
+    """One step of the chain. `sha256` is the hash its consumer recorded; where none was, the current one."""
     node = {"step": step}
     if path is not None:
-        node.update(path=str(path), sha256=sha256 or _existing_sha(root, path),
-                    verified=_verified(root, path, sha256))
+        actual = current_sha256(root, path)
+        node.update(path=str(path), sha256=sha256 or (None if actual == "missing" else actual),
+                    verified=_verified(actual, sha256))
     if record is not None:
         node["git"] = record.get("git")
     if params is not None:
@@ -77,11 +79,6 @@ def _node(step: str, root: Path, path: str | Path | None = None, sha256: str | N
     node["facts"] = facts or {}
     node["inputs"] = inputs or []
     return node
-
-
-def _existing_sha(root: Path, path) -> str | None:
-    actual = current_sha256(root, path)
-    return None if actual == "missing" else actual
 
 
 def iter_nodes(chain: dict) -> Iterator[dict]:
@@ -159,10 +156,14 @@ def lineage(table_file: str | Path, cell: str, root: str | Path = Path(".")) -> 
                   facts={"table": table_record.get("table"), "selection": table_record.get("selection"),
                          "created": table_record.get("created"), "outputs": _table_outputs(root, table_record)},
                   inputs=sources)
-    facts = {"table": table_record.get("table"), "row": found["row"], "column": found["column"],
-             "value": float(found["ours_mean"]), "n_seeds": int(found["n_seeds"]),
-             "selection": found["selection"], "status": found.get("status", "ok")}
-    return _node("cell", root, facts=facts, inputs=[table])
+    return _node("cell", root, facts=_cell_facts(table_record, found), inputs=[table])
+
+
+def _cell_facts(table_record: dict, found: pd.Series) -> dict:
+    mean = found["ours_mean"]
+    return {"table": table_record.get("table"), "row": found["row"], "column": found["column"],
+            "value": None if pd.isna(mean) else float(mean), "n_seeds": int(found["n_seeds"]),
+            "selection": found["selection"], "status": found.get("status", "ok")}
 
 
 def _relative(root: Path, path: Path) -> str:
@@ -173,7 +174,7 @@ def _relative(root: Path, path: Path) -> str:
 
 
 def _table_outputs(root: Path, table_record: dict) -> dict:
-    return {path: {"sha256": sha, "verified": _verified(root, path, sha)}
+    return {path: {"sha256": sha, "verified": _verified(current_sha256(root, path), sha)}
             for path, sha in table_record.get("outputs", {}).items()}
 
 
@@ -305,7 +306,10 @@ def _raw_data_node(root: Path, dataset_record: dict, manifest: Path) -> dict:
 
 def _source_hashes(manifest: Path) -> dict:
     """The raw files the manifest rows came from (archives, json, or each image)."""
-    values = sorted({row.get("source_sha256") for row in read_jsonl(manifest)} - {None})
+    try:
+        values = sorted({row.get("source_sha256") for row in read_jsonl(manifest)} - {None})
+    except ValueError as exc:  # an edited manifest: say so rather than stop the whole chain
+        return {"error": f"{manifest.name} does not parse: {exc}"}
     summary = {"distinct": len(values)}
     if len(values) <= LISTED_SOURCES:
         summary["values"] = values
@@ -316,7 +320,7 @@ def _source_hashes(manifest: Path) -> dict:
 
 # ---- output -------------------------------------------------------------------------------------
 def lineage_json(chain: dict) -> str:
-    return json.dumps(chain, indent=2, sort_keys=False, default=str)
+    return json.dumps(chain, indent=2, default=str)
 
 
 def _status(node: dict) -> str:

@@ -155,7 +155,10 @@ class Registry:
             spec["pretrain_data"] = with_generator_digest(pretrain_dataset(spec["pretrain"]))["generator_digest"]
         return spec
 
-    def run_spec(self, train_set: str, objective: dict, seed: int, fraction: float = 1.0) -> RunSpec:
+    def run_spec(self, train_set: str, objective: dict, seed: int, fraction: float = 1.0,
+                 register: bool = True) -> RunSpec:
+        """The run of these settings; `register=False` only computes its identity (planned runs are
+        exactly those the tables ask for: nothing else may add to them)."""
         spec = {
             "train_set": train_set,
             "dataset": self.dataset_spec(train_set),
@@ -168,8 +171,9 @@ class Registry:
         spec["objective"]["gamma"] = float(spec["objective"]["gamma"])
         spec["objective"]["lambda_tok"] = float(spec["objective"]["lambda_tok"])
         run_id, digest = make_run_id(spec)
-        run = self._runs.setdefault(run_id, RunSpec(run_id, spec, digest))
-        return run
+        if not register:
+            return self._runs.get(run_id, RunSpec(run_id, spec, digest))
+        return self._runs.setdefault(run_id, RunSpec(run_id, spec, digest))
 
     def zeroshot_id(self) -> str:
         """The pseudo-run of the initial backbone evaluated as released (no training)."""

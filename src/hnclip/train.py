@@ -216,6 +216,20 @@ def _end_of_epoch(job: TrainJob, trained: TrainedModel, state: dict, epoch: int,
             "eval": _evaluate_all(exported, eval_sets, job, device), "weights_sha256": weights_digest(exported)}
 
 
+def _build_model(job: TrainJob, device: torch.device):
+    """(backbone, trained model, frozen text tower or None) as the run starts: init weights, logit
+    scale reset, then the framework's wrapping (the frozen-G tower is copied from the bare CLIP)."""
+    recipe, objective = job.spec["recipe"], job.spec["objective"]
+    backbone = load_backbone(job.init_kind, job.init_path, job.model_config)
+    base = backbone.model.to(device).train()
+    if recipe.get("reset_logit_scale"):
+        with torch.no_grad():
+            base.logit_scale.fill_(math.log(recipe["reset_logit_scale"]))
+    frozen_text = frozen_text_encoder(base) if objective["margin"] == "frozen" else None
+    trained = TrainedModel.build(base, objective.get("framework", "full"), recipe.get("adapter"))
+    return backbone, trained, frozen_text
+
+
 def _load_group(train_set: PairDataset, group: list[list[int]], distributed: Distributed, device):
     """This rank's share of each micro-batch of the group, on the device."""
     batches = [train_set.batch(distributed.local_slice(indices)) for indices in group]
@@ -239,20 +253,14 @@ def _train(job: TrainJob, distributed: Distributed) -> dict:
     precision = effective_precision(device, recipe.get("precision", "fp32"))
     autocast = functools.partial(autocast_context, device, precision)
 
-    backbone = load_backbone(job.init_kind, job.init_path, job.model_config)
-    base = backbone.model.to(device).train()
-    if recipe.get("reset_logit_scale"):
-        with torch.no_grad():
-            base.logit_scale.fill_(math.log(recipe["reset_logit_scale"]))
-    frozen_text = frozen_text_encoder(base) if objective["margin"] == "frozen" else None
-    trained = TrainedModel.build(base, objective.get("framework", "full"), recipe.get("adapter"))
-    model, parameters = trained.module, trained.trainable_parameters()
+    backbone, trained, frozen_text = _build_model(job, device)
+    model = trained.module
     distributed.broadcast_from_main(model)
     cache = execution.get("cache_images", True)
     train_set = PairDataset.from_manifest(job.train_manifest, backbone.preprocess, backbone.tokenizer, cache)
     indices = subset_indices(len(train_set), spec["fraction"])
     eval_sets = {name: PairDataset.from_manifest(path, backbone.preprocess, backbone.tokenizer, cache)
-                 for name, path in job.eval_manifests.items()} if main else {}
+                 for name, path in job.eval_manifests.items()} if main else {}  # rank 0 evaluates
 
     micro, accum = recipe["micro_batch"], recipe["grad_accum"]
     if len(indices) < micro:
@@ -262,7 +270,6 @@ def _train(job: TrainJob, distributed: Distributed) -> dict:
     total_steps = recipe["epochs"] * steps_per_epoch
     optimizer = build_optimizer(model, recipe["lr"], recipe["weight_decay"])
     exact = bool(recipe.get("exact_batch", False))
-    group_backward = _exact_batch_backward if exact else _micro_batch_backward
     probe = GradientProbe.from_settings(execution, objective)
 
     state = load_checkpoint(job, trained, optimizer) or _fresh_state()
@@ -281,18 +288,21 @@ def _train(job: TrainJob, distributed: Distributed) -> dict:
             optimizer.zero_grad(set_to_none=True)
             batches = _load_group(train_set, groups[group_index], distributed, device)
             if probe is not None and probe.due(state["step"]):
-                measured = probe.measure(model, parameters, *batches[0], frozen_text, autocast, distributed)
+                measured = probe.measure(model, trained.trainable_parameters(), *batches[0], frozen_text, autocast,
+                                         distributed)
                 state["grad_probe"].append({"step": state["step"], "epoch": epoch + 1, **measured})
             check = functools.partial(_require_finite, job=job, epoch=epoch, step=state["step"])
+            group_backward = _exact_batch_backward if exact else _micro_batch_backward
             records = group_backward(model, batches, objective, frozen_text, autocast, check)
-            distributed.average_gradients(parameters)
+            distributed.average_gradients(trained.trainable_parameters())  # once per step, after accumulation
             grad_norm = gradient_norm(model)
             optimizer.step()
             state["step"] += 1
             state["group"] = group_index + 1
             state["epoch_records"].extend(records)
+            contrastive_batch = micro * len(batches) if exact else micro  # a short last group is smaller
             state["steps"].append(_step_record(state["step"], epoch, lr, grad_norm, model, records,
-                                               "exact" if exact else "micro", micro * accum if exact else micro))
+                                               "exact" if exact else "micro", contrastive_batch))
             progress.update(1)
             progress.set_postfix(loss=f"{records[-1]['total']:.3g}", refresh=False)
             if main and state["step"] % execution["checkpoint_every_steps"] == 0:

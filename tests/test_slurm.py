@@ -1,0 +1,270 @@
+"""The workflow through a real SLURM cluster (scripts/local_slurm.py) and the SLURM profile.
+
+One module fixture starts a single-node cluster shaped like a GPU node (32 CPUs, 256 GB and two
+A100s declared; the GPUs are /dev/null and every job still computes on the CPU), then runs three
+Snakemake invocations at once, on one table of the micro profile:
+
+* `slurm`: `--profile workflow/profiles/slurm` as shipped, plus the flags this accounting-less test
+  cluster needs: every rule is an sbatch job with the profile's GPU, memory, runtime and CPU requests;
+* `local`: `--cores 2` on the same params, the reference;
+* `failing`: the SLURM run of a project whose backbone checkpoint directory is blocked by a file,
+  with the CPU-only overrides a cluster without GPUs would use: pretraining raises inside its job
+  (its input, the pretraining corpus, is generated beforehand, so this run is that one job).
+
+Running them side by side keeps the file's cost near that of the SLURM run alone, which is bound by
+the executor's status polling (first check after 5 s, then every 10 s longer until a job ends).
+If the SLURM packages cannot be installed, the tests fail with the reason; they are never skipped.
+"""
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from test_workflow import micro_params
+
+ROOT = Path(__file__).resolve().parents[1]
+VENV_BIN = Path(sys.executable).parent
+sys.path.insert(0, str(ROOT / "scripts"))
+import local_slurm  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+PROFILE = ROOT / "workflow" / "profiles" / "slurm" / "config.yaml"
+TABLE = "table3a"
+TABLE_CSV = f"results/tables/{TABLE}.csv"
+BACKBONE = "tiny_pretrained"
+GPU_RULES = ("train", "pretrain_backbone", "evaluate", "caption_stats")
+RUN_TIMEOUT_S = 900
+# What the test cluster lacks compared with a production one: no slurmdbd, so no sacct.
+TEST_CLUSTER_FLAGS = ["--slurm-status-command", "squeue", "--slurm-init-seconds-before-status-checks", "5",
+                      "--default-resources", "slurm_partition=debug"]
+# Float reductions depend on the thread count: pin pretraining to the local run's 2 threads.
+SAME_THREADS_AS_LOCAL = ["--set-threads", "pretrain_backbone=2"]
+# A cluster without GPUs: `--set-resources` replaces the profile's whole set-resources key.
+CPU_ONLY_RESOURCES = ["pretrain_backbone:gpu=0", "pretrain_backbone:gpu_model=''", "pretrain_backbone:mem_mb=1000",
+                      "pretrain_backbone:runtime=10", "pretrain_backbone:cpus_per_task=1"]
+
+
+# ---- projects -----------------------------------------------------------------------------------
+def tables_named(node) -> set:
+    """Every value under a `table` key, at any depth (figure entries name the tables they draw)."""
+    if isinstance(node, dict):
+        return {v for k, v in node.items() if k == "table"} | set().union(*map(tables_named, node.values()))
+    if isinstance(node, list):
+        return set().union(*map(tables_named, node))
+    return set()
+
+
+def one_table_params() -> dict:
+    """The micro params cut to one cell of Table 3a (gamma 0.5, DOCCI only: one training run) and to
+    two optimizer steps per training, so that each job ends before the executor's second poll."""
+    params = micro_params()
+    tiny = params["profiles"]["tiny"]
+    tiny["datasets"]["docci"]["sizes"] = {"train": 32, "test": 16}
+    tiny["recipe"].update(epochs=1)
+    params["backbones"][BACKBONE]["pretrain"].update(sizes={"train": 64, "test": 16})
+    params["tables"] = {TABLE: params["tables"][TABLE]}
+    params["tables"][TABLE]["vary"]["gamma"] = [0.5]
+    params["tables"][TABLE]["benchmarks"] = ["docci"]
+    if "figures" in params:
+        params["figures"] = {k: f for k, f in params["figures"].items() if tables_named(f) <= {TABLE}}
+    return params
+
+
+def make_project(path: Path, params: dict) -> Path:
+    path.mkdir(parents=True)
+    shutil.copy(ROOT / "Snakefile", path / "Snakefile")
+    shutil.copytree(ROOT / "workflow", path / "workflow")
+    (path / "src").mkdir()
+    (path / "src" / "hnclip").symlink_to(ROOT / "src" / "hnclip")
+    (path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    return path
+
+
+def generate_pretrain_corpus(project: Path, env: dict) -> subprocess.Popen:
+    """The failing run's only input, made here (its SLURM run is then the one failing job)."""
+    return subprocess.Popen([sys.executable, "-m", "hnclip", "data", "pretrain"], cwd=project, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def block_backbone_checkpoints(project: Path, params: dict) -> Path:
+    """A file where pretraining's checkpoint directory goes: the DAG is fine, the job raises at its
+    first checkpoint (chmod would not do: the jobs run as root)."""
+    from hnclip.jobs import pretrain_job
+    from hnclip.registry import Registry
+    blocked = project / pretrain_job(Registry(params), BACKBONE).checkpoint_dir
+    blocked.parent.mkdir(parents=True)
+    blocked.write_text("not a directory\n")
+    return blocked
+
+
+# ---- processes ----------------------------------------------------------------------------------
+class Snakemake:
+    """One snakemake process in its own session, its output in <project>/snakemake.out."""
+
+    def __init__(self, project: Path, args: list[str], env: dict):
+        self.project, self.out_path = project, project / "snakemake.out"
+        with open(self.out_path, "w") as out:
+            self.proc = subprocess.Popen([str(VENV_BIN / "snakemake"), *args], cwd=project, env=env, stdout=out,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait(self, deadline: float) -> tuple[int | None, str]:
+        try:
+            rc = self.proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGTERM)  # our own process group; SLURM jobs are cancelled at teardown
+            self.proc.wait(timeout=30)
+            rc = None
+        return rc, self.out_path.read_text()
+
+
+def tail(text: str, chars: int = 6000) -> str:
+    return text[-chars:]
+
+
+# ---- SLURM queries ------------------------------------------------------------------------------
+def submitted_jobs(output: str) -> dict[str, list[tuple[str, Path]]]:
+    """rule -> [(SLURM job id, SLURM log)] from the executor's 'submitted with SLURM jobid' lines."""
+    jobs: dict[str, list] = {}
+    for job_id, log in re.findall(r"submitted with SLURM jobid (\d+) \(log: (\S+)\)", output):
+        rule = re.search(r"/rule_(\w+?)/", log).group(1)
+        jobs.setdefault(rule, []).append((job_id, Path(log)))
+    return jobs
+
+
+def slurm_job(job_id: str, env: dict) -> dict[str, str]:
+    line = subprocess.run(["scontrol", "-o", "show", "job", job_id], env=env, capture_output=True, text=True,
+                          check=True).stdout
+    return dict(field.split("=", 1) for field in line.split() if "=" in field)
+
+
+def minutes(time_limit: str) -> int:
+    """SLURM's [D-]HH:MM:SS as minutes."""
+    days, _, clock = time_limit.rpartition("-")
+    hours, mins, _ = (int(x) for x in clock.split(":"))
+    return int(days or 0) * 1440 + hours * 60 + mins
+
+
+def megabytes(size: str) -> int:
+    """scontrol's 1000M / 62.50G as MB."""
+    return round(float(size[:-1]) * {"M": 1, "G": 1024, "T": 1024 ** 2}[size[-1]])
+
+
+def profile_resources() -> dict[str, dict]:
+    """The profile's set-resources, expressions evaluated for a first attempt."""
+    resources = yaml.safe_load(PROFILE.read_text())["set-resources"]
+    return {rule: {k: eval(v, {"attempt": 1}) if isinstance(v, str) and "attempt" in v else v
+                   for k, v in values.items()} for rule, values in resources.items()}
+
+
+def run_record(project: Path, rel: str) -> dict:
+    return json.loads((project / rel).read_text())
+
+
+# ---- fixtures -----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    try:
+        handle = local_slurm.start_cluster(tmp_path_factory.mktemp("slurm"), cpus=32, memory_mb=256_000,
+                                           gpus=2, gpu_type="a100")
+    except local_slurm.ClusterError as exc:
+        pytest.fail(f"could not start the local SLURM cluster: {exc}", pytrace=False)
+    yield handle
+    local_slurm.stop_cluster(handle)
+
+
+@pytest.fixture(scope="module")
+def runs(cluster, tmp_path_factory):
+    """The three invocations, side by side: name -> (project, return code or None on timeout, output)."""
+    root = tmp_path_factory.mktemp("slurm-projects")
+    params = one_table_params()
+    local, slurm, failing = (make_project(root / name, params) for name in ("local", "slurm", "failing"))
+    blocked = block_backbone_checkpoints(failing, params)
+    env = cluster.env({**os.environ, "PATH": f"{VENV_BIN}:{os.environ['PATH']}"})
+    profile = ["--profile", str(PROFILE.parent), *TEST_CLUSTER_FLAGS, *SAME_THREADS_AS_LOCAL]
+    started = time.monotonic()
+    corpus = generate_pretrain_corpus(failing, env)
+    procs = {
+        "slurm": Snakemake(slurm, [*profile, "--", TABLE_CSV], env),
+        "local": Snakemake(local, ["--cores", "2", TABLE_CSV], env),
+    }
+    assert corpus.wait() == 0, corpus.stderr.read()
+    procs["failing"] = Snakemake(failing, [*profile, "--retries", "0", "--set-resources", *CPU_ONLY_RESOURCES,
+                                           "--", f"results/backbones/{BACKBONE}/model.pt"], env)
+    deadline = started + RUN_TIMEOUT_S
+    results = {name: (proc.project, *proc.wait(deadline)) for name, proc in procs.items()}
+    print(f"SLURM test runs took {time.monotonic() - started:.0f}s")
+    return {"env": env, "blocked": blocked, **results}
+
+
+# ---- tests --------------------------------------------------------------------------------------
+def test_profile_gives_every_rule_resources_and_gpu_rules_a_gpu():
+    profile = yaml.safe_load(PROFILE.read_text())
+    assert profile["executor"] == "slurm" and profile["retries"] >= 1 and profile["rerun-incomplete"] is True
+    rules = {m for smk in (ROOT / "workflow" / "rules").glob("*.smk")
+             for m in re.findall(r"^rule (\w+):", smk.read_text(), re.M)}
+    resources = profile_resources()
+    assert rules <= set(resources), f"rules without SLURM resources: {rules - set(resources)}"
+    for rule, res in resources.items():
+        assert {"mem_mb", "runtime", "cpus_per_task"} <= set(res), rule
+        assert (res.get("gpu", 0) >= 1) == (rule in GPU_RULES), rule
+
+
+def test_slurm_run_equals_local_run(runs):
+    slurm, slurm_rc, slurm_out = runs["slurm"]
+    local, local_rc, local_out = runs["local"]
+    assert slurm_rc == 0, tail(slurm_out)
+    assert local_rc == 0, tail(local_out)
+    pd.testing.assert_frame_equal(pd.read_csv(slurm / TABLE_CSV), pd.read_csv(local / TABLE_CSV))
+    # Stronger than the table: the same weights, bit for bit (backbone and the fine-tuned run).
+    records = [f"results/backbones/{BACKBONE}/train.json", *(str(p.relative_to(local)) for p in
+                                                              local.glob("results/runs/*/train.json"))]
+    assert len(records) == 2
+    for rel in records:
+        assert run_record(slurm, rel)["final_weights_sha256"] == run_record(local, rel)["final_weights_sha256"], rel
+
+
+def test_slurm_jobs_got_the_profiles_requests(runs):
+    _, slurm_rc, slurm_out = runs["slurm"]
+    assert slurm_rc == 0, tail(slurm_out)
+    jobs = submitted_jobs(slurm_out)
+    assert {rule: len(ids) for rule, ids in jobs.items()} == {
+        "dataset": 2, "pretrain_backbone": 1, "train": 1, "evaluate": 1, "table": 1}
+    wanted = profile_resources()
+    for rule, submissions in jobs.items():
+        for job_id, log in submissions:
+            job = slurm_job(job_id, runs["env"])
+            assert job["JobState"] == "COMPLETED", (rule, job)
+            assert log.exists(), log  # kept for successful jobs too (slurm-keep-successful-logs)
+            assert minutes(job["TimeLimit"]) == wanted[rule]["runtime"], (rule, job["TimeLimit"])
+            assert megabytes(job["MinMemoryNode"]) == wanted[rule]["mem_mb"], (rule, job["MinMemoryNode"])
+            assert int(job["NumCPUs"]) == wanted[rule]["cpus_per_task"], (rule, job["NumCPUs"])
+            gpu = f"gres:gpu:{wanted[rule]['gpu_model']}:{wanted[rule]['gpu']}" if rule in GPU_RULES else None
+            assert job.get("TresPerJob") == gpu, (rule, job.get("TresPerJob"))
+
+
+def test_failing_job_is_reported_with_its_logs(runs):
+    failing, rc, out = runs["failing"]
+    assert rc not in (0, None), tail(out)
+    assert "Error in rule pretrain_backbone" in out, tail(out)
+    assert re.search(r"SLURM status is: 'FAILED'", out), tail(out)
+    rule_log = f"logs/backbones/{BACKBONE}.log"
+    slurm_log = re.search(r"\S+/logs/slurm/rule_pretrain_backbone/\S+\.log", out)
+    assert rule_log in out and slurm_log, tail(out)
+    # The command's log holds the exception: it ran and failed inside the SLURM job.
+    assert str(runs["blocked"].relative_to(failing)) in (failing / rule_log).read_text()
+    assert Path(slurm_log.group(0)).exists()
+    (job_id, _), = submitted_jobs(out)["pretrain_backbone"]
+    job = slurm_job(job_id, runs["env"])
+    assert job["JobState"] == "FAILED" and job["ExitCode"] != "0:0"
+    assert "TresPerJob" not in job and megabytes(job["MinMemoryNode"]) == 1000  # the CPU-only override
+    assert not (failing / f"results/backbones/{BACKBONE}/model.pt").exists()
