@@ -3,7 +3,7 @@
 
 For trying the SLURM profile (workflow/profiles/slurm) on a workstation and for tests/test_slurm.py:
 
-    python scripts/local_slurm.py start [--dir D]   # prints the variables to export
+    eval "$(python scripts/local_slurm.py start [--dir D])"   # prints the variables to export
     python scripts/local_slurm.py status --dir D
     python scripts/local_slurm.py stop --dir D
 
@@ -66,7 +66,9 @@ class ClusterHandle:
         return {**base, "SLURM_CONF": str(self.slurm_conf), "PATH": f"{self.shim_dir}:{base.get('PATH', '')}"}
 
     def exports(self) -> str:
-        return f"export SLURM_CONF={self.slurm_conf}\nexport PATH={self.shim_dir}:$PATH"
+        """Shell lines for `eval "$(python scripts/local_slurm.py start)"`."""
+        return (f"export SLURM_CONF={self.slurm_conf}\nexport PATH={self.shim_dir}:$PATH\n"
+                f"export HNCLIP_SLURM_DIR={self.dir}")
 
     def save(self) -> None:
         state = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self).items()}
@@ -233,18 +235,32 @@ def log_tails(root: Path, chars: int = 1500) -> str:
 
 
 def node_states(env: dict[str, str]) -> list[str]:
-    proc = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], env=env, capture_output=True, text=True, timeout=10)
+    try:
+        proc = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], env=env, capture_output=True, text=True, timeout=10)
+    except subprocess.TimeoutExpired:
+        return []
     return proc.stdout.split() if proc.returncode == 0 else []
 
 
 def start_munged(root: Path, env: dict[str, str]) -> int:
     key = root / "munge" / "munge.key"
-    subprocess.run(["mungekey", "-c", "-k", str(key)], check=True, capture_output=True)
+    made = subprocess.run(["mungekey", "-c", "-k", str(key)], capture_output=True, text=True)
+    if made.returncode != 0:
+        raise ClusterError(f"mungekey failed: {made.stderr.strip()}")
     pid = spawn("munged", ["munged", "--foreground", "--force", f"--key-file={key}",
                            f"--socket={root}/munge/munge.sock", f"--pid-file={root}/run/munged.pid",
                            f"--log-file={root}/log/munged.log", f"--seed-file={root}/munge/munged.seed"], root, env)
     wait_for(lambda: (root / "munge" / "munge.sock").exists(), 10, "munged's socket", root)
     return pid
+
+
+def is_daemon(name: str, pid: int) -> bool:
+    """Whether `pid` still runs `name`: a PID recorded long ago may belong to another process now."""
+    try:
+        argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+    except OSError:
+        return False
+    return Path(argv0).name == name
 
 
 def alive(pid: int) -> bool:
@@ -329,17 +345,17 @@ def end_process(pid: int, timeout_s: float = 10) -> None:
 
 def stop_cluster(handle: ClusterHandle, remove_dir: bool = True) -> None:
     """Cancel all jobs, end the daemons by their recorded PIDs (TERM, then KILL), remove the directory."""
-    if "slurmctld" in handle.pids and alive(handle.pids["slurmctld"]):
+    if "slurmctld" in handle.pids and is_daemon("slurmctld", handle.pids["slurmctld"]):
         cancel_all_jobs(handle)
     for name in reversed(DAEMON_ORDER):
-        if name in handle.pids:
+        if name in handle.pids and is_daemon(name, handle.pids[name]):
             end_process(handle.pids[name])
     if remove_dir:
         shutil.rmtree(handle.dir, ignore_errors=True)
 
 
 def status_report(handle: ClusterHandle) -> tuple[bool, str]:
-    states = {name: ("running" if alive(pid) else "dead") for name, pid in handle.pids.items()}
+    states = {name: ("running" if is_daemon(name, pid) else "dead") for name, pid in handle.pids.items()}
     lines = [f"{name}: pid {handle.pids[name]} {state}" for name, state in states.items()]
     up = all(state == "running" for state in states.values()) and len(states) == len(DAEMON_ORDER)
     if up:
@@ -369,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"# SLURM cluster up: node {handle.node}, partition {handle.partition}, "
                   f"{handle.cpus} CPUs, {handle.memory_mb} MB, {handle.gpus} GPUs; state in {handle.dir / STATE_FILE}")
             print(handle.exports())
-            print(f"# stop with: python {sys.argv[0]} stop --dir {handle.dir}")
+            print(f"# stop with: python {sys.argv[0]} stop --dir $HNCLIP_SLURM_DIR")
             return 0
         handle = ClusterHandle.load(args.dir)
         if args.command == "stop":

@@ -15,6 +15,7 @@ import torch.multiprocessing as mp
 
 from hnclip.data.loader import PairDataset
 from hnclip.data.synthetic import write_dataset
+from hnclip.io import read_json
 from hnclip.models.factory import create, load_weights
 from hnclip.training.distributed import Distributed
 from hnclip.training.exact_batch import exact_batch_backward
@@ -36,10 +37,15 @@ OBJECTIVES = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def free_ports(count: int) -> tuple[int, ...]:
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:  # all bound at once: distinct ports
+            sock.bind(("127.0.0.1", 0))
+        return tuple(sock.getsockname()[1] for sock in sockets)
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 def set_rank_environment(rank: int, port: int) -> None:
@@ -118,10 +124,10 @@ def training_job(tiny_data, out: Path) -> TrainJob:
                     execution=EXECUTION, evaluation=EVALUATION)
 
 
-def worker(rank: int, port: int, inputs_path: Path, out_path: Path, job: TrainJob) -> None:
+def worker(rank: int, ports: tuple[int, int], inputs_path: Path, out_path: Path, job: TrainJob) -> None:
     """One rank: the one-step comparison on a process group of its own, then a training run that
     joins the group from the environment, as under torchrun."""
-    set_rank_environment(rank, port)
+    set_rank_environment(rank, ports[0])
     dist.init_process_group("gloo")
     try:
         results = one_step_results(inputs_path, Distributed(rank, WORLD, rank))
@@ -129,7 +135,7 @@ def worker(rank: int, port: int, inputs_path: Path, out_path: Path, job: TrainJo
             torch.save(results, out_path)
     finally:
         dist.destroy_process_group()
-    os.environ["MASTER_PORT"] = str(port + 1)
+    os.environ["MASTER_PORT"] = str(ports[1])
     train(job)
     assert not dist.is_initialized()  # train() leaves no process group behind
 
@@ -152,8 +158,7 @@ def two_processes(tiny_data, tmp_path_factory):
     inputs_path = root / "inputs.pt"
     torch.save({"state_dict": model.state_dict(), "images": images, "tokens": tokens}, inputs_path)
     job = training_job(tiny_data, root / "multi")
-    port = free_port()
-    mp.spawn(worker, args=(port, inputs_path, root / "one_step.pt", job), nprocs=WORLD)
+    mp.spawn(worker, args=(free_ports(2), inputs_path, root / "one_step.pt", job), nprocs=WORLD)
     return {"inputs": inputs_path, "one_step": torch.load(root / "one_step.pt", weights_only=False), "job": job,
             "tokens": tokens}
 
@@ -166,7 +171,6 @@ def test_two_processes_give_single_process_losses_and_gradients(two_processes):
 
 
 def test_two_process_training_matches_one_process(two_processes, tiny_data, tmp_path):
-    from hnclip.io import read_json
     single = train(training_job(tiny_data, tmp_path))
     job = two_processes["job"]
     assert sorted(p.name for p in job.out_dir.iterdir()) == ["model.pt", "steps.jsonl", "train.json"]
@@ -179,10 +183,9 @@ def test_two_process_training_matches_one_process(two_processes, tiny_data, tmp_
     # lr-sized steps in either run. It has no effect on the outputs, so it is compared by them.
     single_model = load_weights(tmp_path / "run" / "model.pt").model
     multi_model = load_weights(job.out_dir / "model.pt").model
-    multi_weights = multi_model.state_dict()
+    multi_weights = without_key_bias(multi_model.state_dict())
     for key, value in without_key_bias(single_model.state_dict()).items():
-        torch.testing.assert_close(without_key_bias(multi_weights)[key], value, atol=TOLERANCE, rtol=0,
-                                   msg=lambda m: f"{key}: {m}")
+        torch.testing.assert_close(multi_weights[key], value, atol=TOLERANCE, rtol=0, msg=lambda m: f"{key}: {m}")
     assert multi["history"][-1]["eval"] == single["history"][-1]["eval"]
     _, images, tokens = global_batch(tiny_data)
     with torch.no_grad():

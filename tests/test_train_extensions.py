@@ -95,13 +95,13 @@ def assert_adapter_run(job: TrainJob, record: dict) -> None:
 
 # ---- LoRA / DoRA ---------------------------------------------------------------------------------
 def test_lora_run_trains_adapters_and_resumes_after_kill(tiny_data, tmp_path):
-    objective = {"framework": "lora"}
-    reference_job = make_job(tiny_data, tmp_path / "uninterrupted", objective)
+    objective, probe = {"framework": "lora"}, {"grad_probe_every": 2}
+    reference_job = make_job(tiny_data, tmp_path / "uninterrupted", objective, execution=probe)
     reference = train(reference_job)
     assert reference["training"]["framework"] == "lora"
     assert_adapter_run(reference_job, reference)
 
-    job = make_job(tiny_data, tmp_path / "killed", objective, stop_after_steps=5)
+    job = make_job(tiny_data, tmp_path / "killed", objective, execution=probe, stop_after_steps=5)
     payload = {k: (str(v) if hasattr(v, "parts") else v) for k, v in job.__dict__.items()}
     payload["eval_manifests"] = {k: str(v) for k, v in job.eval_manifests.items()}
     proc = subprocess.run([sys.executable, "-c", KILL_SCRIPT, json.dumps(payload)], capture_output=True, text=True)
@@ -113,6 +113,8 @@ def test_lora_run_trains_adapters_and_resumes_after_kill(tiny_data, tmp_path):
     assert [h["weights_sha256"] for h in resumed["history"]] == [h["weights_sha256"] for h in reference["history"]]
     # model.pt bytes differ (torch.save names the archive after the temporary file); its weights do not
     assert weights_digest(load_weights(job.out_dir / "model.pt").model) == reference["final_weights_sha256"]
+    # probe records of steps 0 and 2 come back from the checkpoint, step 4 is measured again
+    assert read_jsonl(job.out_dir / "grad_probe.jsonl") == read_jsonl(reference_job.out_dir / "grad_probe.jsonl")
 
 
 def test_dora_run_with_frozen_margin_and_bf16_request(tiny_data, tmp_path):

@@ -203,8 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mirror", default=None, help="base URL of a mirror (default: $HNCLIP_MIRROR or the source's URL)")
     p = sub.add_parser("pretrain", help="pretrain the embedded backbone on its synthetic corpus")
     p.add_argument("--backbone")
-    p = sub.add_parser("train", help="train one run (resumes from its last checkpoint)")
-    p.add_argument("--run", required=True)
+    p = sub.add_parser("train", help="train one run (resumes from its last checkpoint; torchrun for several GPUs)")
+    # --run-id: torchrun's own parser takes `--run` for an abbreviation of its `--run-path`
+    p.add_argument("--run", "--run-id", dest="run", required=True)
     p.add_argument("--stop-after-steps", type=int, default=None, help=argparse.SUPPRESS)
     p = sub.add_parser("evaluate", help="evaluate one run on one benchmark (best and last epoch)")
     p.add_argument("--run", required=True)

@@ -39,8 +39,9 @@ class _AllGatherWithGrad(torch.autograd.Function):
         ctx.group = group
         ctx.rank = dist.get_rank(group)
         ctx.local_size = tensor.shape[0]
+        tensor = tensor.contiguous()
         parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
-        dist.all_gather(parts, tensor.contiguous(), group=group)
+        dist.all_gather(parts, tensor, group=group)
         return torch.cat(parts)
 
     @staticmethod

@@ -131,6 +131,76 @@ def sample_efficiency(reg, spec: dict, out_stem: Path) -> list[Path]:
     return save_figure(fig, out_stem)
 
 
+# ---- gradient dynamics (paper Fig. 4, A8) from the runs' grad_probe.jsonl ----------------------
+CLAMP = 1e-10  # exact zeros are plotted clamped, as in the paper
+
+
+def _probe_records(run_id: str) -> list[dict]:
+    from .. import paths
+    from ..io import read_jsonl
+    path = paths.run_dir(run_id) / "grad_probe.jsonl"
+    return read_jsonl(path) if path.exists() else []
+
+
+def _clamped(values) -> list[float]:
+    return [max(CLAMP, v) for v in values]
+
+
+def gradient_dynamics(reg, spec: dict, out_stem: Path) -> list[Path]:
+    """Both losses, both full-parameter gradient norms and their cosine at every probe, and the
+    per-epoch share of batches each loss leaves below 1e-3 (saturated)."""
+    benchmark = spec.get("benchmark", "docci")
+    runs = sorted({c.run_id for cells in _series_cells(reg, spec).values() for c in cells
+                   if c.benchmark == benchmark})
+    fig, axes = plt.subplots(1, 4, figsize=(16, 3.6), constrained_layout=True)
+    for run_id in runs:
+        records = _probe_records(run_id)
+        if not records:
+            continue
+        steps = [r["step"] for r in records]
+        seed = run_id.split("-s")[-1].split("-")[0]
+        axes[0].semilogy(steps, _clamped(r["clip_loss"] for r in records), "o-", ms=3, label=f"L_CLIP s{seed}")
+        axes[0].semilogy(steps, _clamped(r["hn_loss"] for r in records), "s--", ms=3, label=f"L_HN s{seed}")
+        axes[1].semilogy(steps, _clamped(r["clip_grad_norm"] for r in records), "o-", ms=3, label=f"‖∇L_CLIP‖ s{seed}")
+        axes[1].semilogy(steps, _clamped(r["hn_grad_norm"] for r in records), "s--", ms=3, label=f"‖∇L_HN‖ s{seed}")
+        axes[2].plot(steps, [r["grad_cosine"] if r["grad_cosine"] is not None else float("nan") for r in records],
+                     "o-", ms=3, label=f"s{seed}")
+        epochs = sorted({r["epoch"] for r in records})
+        for key, marker in (("clip_loss", "o-"), ("hn_loss", "s--")):
+            share = [sum(r[key] < 1e-3 for r in records if r["epoch"] == e) /
+                     sum(1 for r in records if r["epoch"] == e) for e in epochs]
+            axes[3].plot(epochs, share, marker, label=f"{key.split('_')[0].upper()} s{seed}")
+    axes[0].axhline(1e-3, color="gray", linestyle=":", linewidth=1)
+    titles = ("(a) loss on the probed batch", f"(b) gradient norm (exact 0 → {CLAMP:g})",
+              "(c) cosine(∇L_CLIP, ∇L_HN)", "(d) share of probes with loss < 1e-3")
+    for ax, title in zip(axes, titles):
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("optimizer step" if ax is not axes[3] else "epoch")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    axes[3].set_ylim(-0.05, 1.05)
+    fig.suptitle(f"{spec['title']} — {reg.profile_name} profile", fontsize=10)
+    return save_figure(fig, out_stem)
+
+
+def gradient_dynamics_grid(reg, spec: dict, out_stem: Path) -> list[Path]:
+    """Fig. A8: the gradient-norm panel of Fig. 4 for every run of a table (e.g. the data fractions)."""
+    cells = sorted({(c.row, c.run_id) for c in reg.cells(spec["table"]) if c.run_id})
+    fig, axes = plt.subplots(1, max(1, len(cells)), figsize=(3.2 * max(1, len(cells)), 3), squeeze=False,
+                             constrained_layout=True)
+    for ax, (row, run_id) in zip(axes[0], cells):
+        records = _probe_records(run_id)
+        steps = [r["step"] for r in records]
+        ax.semilogy(steps, _clamped(r["clip_grad_norm"] for r in records), "o-", ms=3, label="‖∇L_CLIP‖")
+        ax.semilogy(steps, _clamped(r["hn_grad_norm"] for r in records), "s--", ms=3, label="‖∇L_HN‖")
+        ax.set_title(row, fontsize=8)
+        ax.set_xlabel("optimizer step")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(f"{spec['title']} — {reg.profile_name} profile", fontsize=10)
+    return save_figure(fig, out_stem)
+
+
 def gamma_sweep_figure(reg, spec: dict, out_stem: Path) -> list[Path]:
     import pandas as pd
 
@@ -157,6 +227,8 @@ FIGURE_KINDS = {
     "convergence": convergence,
     "convergence_by_direction": lambda reg, spec, out: convergence(reg, spec, out, by_direction=True),
     "sample_efficiency": sample_efficiency,
+    "gradient_dynamics": gradient_dynamics,
+    "gradient_dynamics_grid": gradient_dynamics_grid,
 }
 
 
