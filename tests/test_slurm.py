@@ -8,7 +8,7 @@ datasets of one Table 3a cell of the micro profile once, and runs three Snakemak
   cluster needs: pretrain_backbone, train, evaluate and table each run as an sbatch job with the
   profile's GPU, memory, runtime and CPU requests;
 * `local`: `--cores 2` on the same params and data, the reference;
-* `failing`: the SLURM run of a project whose backbone checkpoint directory is blocked by a file,
+* `failing`: the SLURM run of a project whose backbone resume checkpoint is broken (a directory),
   with the CPU-only overrides a cluster without GPUs would use: pretraining raises inside its job.
 
 Running them side by side keeps the file's cost near that of the SLURM run alone, which is bound by
@@ -101,13 +101,13 @@ def generate_datasets(project: Path, env: dict) -> None:
         assert proc.wait() == 0, f"hnclip data {role} failed:\n{proc.stderr.read()}"
 
 
-def block_backbone_checkpoints(project: Path) -> Path:
-    """A file where pretraining's checkpoint directory goes (hnclip.jobs.pretrain_job names it):
-    the DAG is fine, the job raises at its first checkpoint. chmod would not do: jobs run as root."""
-    blocked = project / paths.checkpoint_dir(f"backbone-{BACKBONE}")
-    blocked.parent.mkdir(parents=True)
-    blocked.write_text("not a directory\n")
-    return blocked
+def break_backbone_checkpoint(project: Path) -> Path:
+    """A directory where pretraining's resume checkpoint goes (.cache/checkpoints/<run>/last.pt, the
+    run named by hnclip.jobs.pretrain_job): the DAG is fine, and the job raises as it tries to resume,
+    before any training step. (chmod would not do: the jobs run as root.)"""
+    broken = project / paths.checkpoint_dir(f"backbone-{BACKBONE}") / "last.pt"
+    broken.mkdir(parents=True)
+    return broken
 
 
 # ---- processes ----------------------------------------------------------------------------------
@@ -197,7 +197,7 @@ def runs(cluster, tmp_path_factory):
     generate_datasets(slurm, env)
     for project in (local, failing):
         shutil.copytree(slurm / "data", project / "data")  # mtimes kept: Snakemake sees them up to date
-    blocked = block_backbone_checkpoints(failing)
+    broken = break_backbone_checkpoint(failing)
     profile = ["--profile", str(PROFILE.parent), *TEST_CLUSTER_FLAGS, *SAME_THREADS_AS_LOCAL]
     procs = {
         "slurm": Snakemake(slurm, [*profile, "--", TABLE_CSV], env),
@@ -209,7 +209,7 @@ def runs(cluster, tmp_path_factory):
     deadline = started + RUN_TIMEOUT_S
     results = {name: (proc.project, *proc.wait(deadline)) for name, proc in procs.items()}
     print(f"SLURM test runs took {time.monotonic() - started:.0f}s")
-    return {"env": env, "blocked": blocked, **results}
+    return {"env": env, "broken_checkpoint": broken, **results}
 
 
 # ---- tests --------------------------------------------------------------------------------------
@@ -273,7 +273,7 @@ def test_failing_job_is_reported_with_its_logs(runs):
     slurm_log = re.search(r"\S+/logs/slurm/rule_pretrain_backbone/\S+\.log", out)
     assert rule_log in out and slurm_log, tail(out)
     # The command's log holds the exception: it ran and failed inside the SLURM job.
-    assert str(runs["blocked"].relative_to(failing)) in (failing / rule_log).read_text()
+    assert str(runs["broken_checkpoint"].relative_to(failing)) in (failing / rule_log).read_text()
     assert Path(slurm_log.group(0)).exists()
     (job_id, _), = submitted_jobs(out)["pretrain_backbone"]
     job = slurm_job(job_id, runs["env"])

@@ -75,28 +75,34 @@ def cmd_download(args) -> int:
 
 
 def cmd_pretrain(args) -> int:
+    from .gpu_slots import acquire_slot
     from .jobs import pretrain_job
     from .train import train
     reg = _registry(args)
     job = pretrain_job(reg, args.backbone or reg.backbone_name())
-    record = train(job)
+    with acquire_slot():  # this job's own GPU when Snakemake runs several at once; no-op on CPU/SLURM
+        record = train(job)
     print(f"pretrained {job.out_dir}/model.pt (final epoch: {record['history'][-1]['eval']})")
     return 0
 
 
 def cmd_train(args) -> int:
+    from .gpu_slots import acquire_slot
     from .jobs import finetune_job
     from .train import train
     reg = _registry(args)
-    record = train(finetune_job(reg, args.run, stop_after_steps=args.stop_after_steps))
+    with acquire_slot():
+        record = train(finetune_job(reg, args.run, stop_after_steps=args.stop_after_steps))
     print(f"trained {args.run}: {record['optimizer_steps']} steps in {record['wall_time_s']:.1f}s")
     return 0
 
 
 def cmd_evaluate(args) -> int:
     from .evaluate import evaluate_run
+    from .gpu_slots import acquire_slot
     reg = _registry(args)
-    out = evaluate_run(reg, args.run, args.benchmark)
+    with acquire_slot():
+        out = evaluate_run(reg, args.run, args.benchmark)
     print(f"wrote {out}")
     return 0
 

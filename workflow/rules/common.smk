@@ -19,6 +19,11 @@ BACKBONE_SPEC = REG.backbone_spec()
 CAPTION_GEOMETRY_TABLE = "tableA1"
 HNCLIP = f"{shlex.quote(sys.executable)} -m hnclip --profile {PROFILE}"
 USES_GPU = 0 if EXECUTION["device"] == "cpu" else 1
+# Several GPUs per run: torchrun starts one process per GPU; losses gather features across them.
+GPUS_PER_RUN = EXECUTION.get("gpus_per_run", 1)
+TRAIN_LAUNCHER = HNCLIP if GPUS_PER_RUN == 1 else (
+    f"{shlex.quote(sys.executable)} -m torch.distributed.run --standalone --nproc_per_node {GPUS_PER_RUN} "
+    f"-m hnclip --profile {PROFILE}")
 
 wildcard_constraints:
     run=r"[A-Za-z0-9_.\-]+",

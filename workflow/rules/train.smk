@@ -18,6 +18,6 @@ rule train:
         "logs/train/{run}.benchmark.tsv"
     threads: EXECUTION["threads"]
     resources:
-        gpu=USES_GPU,
+        gpu=USES_GPU * GPUS_PER_RUN,
     shell:
-        f"{HNCLIP} --threads {{threads}} train --run {{wildcards.run}} > {{log}} 2>&1"
+        f"{TRAIN_LAUNCHER} --threads {{threads}} train --run-id {{wildcards.run}} > {{log}} 2>&1"
