@@ -94,12 +94,12 @@ def build_timing_table(reg: Registry) -> list[Path]:
             inputs[row] = paths.run_record(run_id)
         measured = {"wall_clock_min": record["wall_time_s"] / 60 if record else None,
                     "throughput_img_s": record["images_per_second"] if record else None}
-        for metric, value in measured.items():
-            implemented = reg.params["methods"][TIMING_ROWS[row]]["framework"] in TRAINED_FRAMEWORKS
+        implemented = reg.params["methods"][TIMING_ROWS[row]]["framework"] in TRAINED_FRAMEWORKS
         status = "ok" if record else ("not planned by any table" if implemented else "not implemented yet")
-        rows.append({"table": TIMING_TABLE, "row": row, "metric": metric, "run_id": run_id,
-                     "status": status, "ours": value,
-                     "paper": paper.get((row, metric)), "device": record["device"]["type"] if record else None,
+        for metric, value in measured.items():
+            rows.append({"table": TIMING_TABLE, "row": row, "metric": metric, "run_id": run_id, "status": status,
+                         "ours": value, "paper": paper.get((row, metric)),
+                         "device": record["device"]["type"] if record else None,
                          "resumed": bool(record and record.get("resumed_from_step"))})
     frame = pd.DataFrame(rows)
     outputs = {ext: paths.table(TIMING_TABLE, ext) for ext in ("csv", "md")}
@@ -116,7 +116,7 @@ def build_timing_table(reg: Registry) -> list[Path]:
             return "n/i" if value is None or value != value else f"{value:.2f}"
         lines.append(f"| {row} | {fmt(get.loc['wall_clock_min', 'ours'])} | {fmt(get.loc['throughput_img_s', 'ours'])} "
                      f"| {fmt(get.loc['wall_clock_min', 'paper'])} | {fmt(get.loc['throughput_img_s', 'paper'])} "
-                     f"| {get.iloc[0]['device'] or '–'} |")
+                     f"| {get.iloc[0]['device'] if pd.notna(get.iloc[0]['device']) else '–'} |")
     write_text(outputs["md"], "\n".join(lines) + "\n")
     record = provenance.record("table", inputs=inputs, params={"profile": reg.profile_name},
                                wall_time_s=time.time() - started,
