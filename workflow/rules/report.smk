@@ -5,13 +5,14 @@ rule table:
     input:
         table_inputs,
     output:
-        md=report("results/tables/{table}.md", category="Tables", labels={"table": "{table}"}),
+        md=report("results/tables/{table}.md", caption="../report/table.rst", category="Tables",
+                  subcategory="{table}", labels={"table": "{table}"}),
         tex="results/tables/{table}.tex",
         csv="results/tables/{table}.csv",
         provenance="results/tables/{table}.provenance.json",
     params:
         spec=lambda w: canonical_json({"profile": PROFILE, "table": config["tables"][w.table],
-                                       "seeds": REG.profile["seeds"]}),
+                                       "seeds": REG.table_seeds(w.table)}),
     log:
         f"logs/{PROFILE}/tables/{{table}}.log",
     shell:
@@ -22,7 +23,8 @@ rule figure:
     input:
         figure_inputs,
     output:
-        png=report("figures/{figure}.png", category="Figures", labels={"figure": "{figure}"}),
+        png=report("figures/{figure}.png", caption="../report/figure.rst", category="Figures",
+                   labels={"figure": "{figure}"}),
         pdf="figures/{figure}.pdf",
     params:
         spec=lambda w: canonical_json(config["figures"][w.figure]),
