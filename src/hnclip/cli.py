@@ -51,7 +51,7 @@ def cmd_data(args) -> int:
     else:
         from .data.download import download_dataset
         from .data.real import BUILDERS
-        download_dataset(spec["source"], data_root)
+        download_dataset(spec["source"], data_root)  # verifies; a no-op when already verified
         report = BUILDERS[args.dataset](data_root / spec["source"], out_dir, **spec.get("protocol", {}))
         manifests = report.manifests
         extra = {"counts": report.counts, "paper_count_mismatches": report.mismatches(),
@@ -69,8 +69,31 @@ def cmd_download(args) -> int:
     """Download and verify one source of the source table (resumable, checksummed)."""
     from .data.download import download_dataset
     reg = _registry(args)
+    started = time.time()
     files = download_dataset(args.source, Path(reg.profile["data_root"]), mirror=args.mirror)
+    record = provenance.record("download", inputs={f"raw:{name}": path for name, path in files.raw.items()},
+                               wall_time_s=time.time() - started, extra={"source": args.source})
+    write_json(paths.download_record(reg.profile["data_root"], args.source), record)
     print(f"{args.source}: verified files in {files.raw_dir}")
+    return 0
+
+
+def cmd_subsets(args) -> int:
+    """The nested training subsets of the data-fraction study, written out for audit and reuse."""
+    from .data.loader import subset_indices
+    from .data.manifest import read_manifest
+    reg = _registry(args)
+    manifest = reg.train_manifest(args.dataset)
+    rows = read_manifest(manifest, check_images=False)
+    fractions = sorted({float(dict(c.settings).get("fraction", 1.0)) for t in reg.tables for c in reg.cells(t)
+                        if c.train_set == args.dataset} | {1.0})
+    chosen = {f"{f:g}": [rows[i].id for i in subset_indices(len(rows), f)] for f in fractions}
+    for small, large in zip(fractions, fractions[1:]):  # nested by construction; checked anyway
+        assert set(chosen[f"{small:g}"]) <= set(chosen[f"{large:g}"])
+    record = provenance.record("subsets", inputs={"train_manifest": manifest},
+                               extra={"dataset": args.dataset, "subset_seed": 0, "subsets": chosen})
+    write_json(paths.subsets(reg.profile["data_root"], args.dataset), record)
+    print(", ".join(f"{f}: {len(ids)}" for f, ids in chosen.items()))
     return 0
 
 
@@ -207,6 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("download", help="download and verify a source (docci, dci, urban1k, vg_paragraphs, longclip_l)")
     p.add_argument("source")
     p.add_argument("--mirror", default=None, help="base URL of a mirror (default: $HNCLIP_MIRROR or the source's URL)")
+    p = sub.add_parser("subsets", help="write the nested training subsets (5/20/50/100 %%) of a dataset role")
+    p.add_argument("dataset")
     p = sub.add_parser("pretrain", help="pretrain the embedded backbone on its synthetic corpus")
     p.add_argument("--backbone")
     p = sub.add_parser("train", help="train one run (resumes from its last checkpoint; torchrun for several GPUs)")
@@ -245,7 +270,8 @@ def build_parser() -> argparse.ArgumentParser:
 COMMANDS = {"validate": cmd_validate, "runs": cmd_runs, "data": cmd_data, "download": cmd_download, "pretrain": cmd_pretrain,
             "train": cmd_train, "evaluate": cmd_evaluate, "stats": cmd_stats, "table": cmd_table,
             "figure": cmd_figure, "cell": cmd_cell, "overlap": cmd_overlap,
-            "lineage": cmd_lineage, "audit": cmd_audit}
+            "lineage": cmd_lineage, "audit": cmd_audit,
+            "subsets": cmd_subsets}
 
 
 def _user_errors() -> tuple[type[Exception], ...]:

@@ -65,3 +65,12 @@ def figure(name: str, ext: str) -> Path:
 
 def overlap_report(train: str, test: str) -> Path:
     return RESULTS / "overlap" / f"{train}__{test}.json"
+
+
+def download_record(data_root: str, source: str) -> Path:
+    """Written by `hnclip download` once every file of a source is verified."""
+    return Path(data_root) / source / "download.json"
+
+
+def subsets(data_root: str, dataset: str) -> Path:
+    return Path(data_root) / dataset / "subsets.json"

@@ -28,12 +28,21 @@ TRAIN_LAUNCHER = HNCLIP if GPUS_PER_RUN == 1 else (
 wildcard_constraints:
     run=r"[A-Za-z0-9_.\-]+",
     benchmark="|".join(config["benchmarks"]),
+    source=r"[a-z0-9_]+",
     table="|".join(config["tables"]),
     figure="|".join(config["figures"]),
 
 
 def dataset_marker(role):
     return paths.dataset_dir(DATA_ROOT, role) / "dataset.json"
+
+
+def dataset_inputs(wildcards):
+    """A real dataset's manifests are built from its verified download (never re-built on mtimes)."""
+    spec = dataset_generation(REG, wildcards.dataset)
+    if spec["kind"] != "real":
+        return []
+    return [str(paths.download_record(DATA_ROOT, spec["source"]))]
 
 
 def backbone_weights():
@@ -85,4 +94,6 @@ def all_targets():
     targets += [str(paths.table(CAPTION_GEOMETRY_TABLE, ext)) for ext in ("md", "tex", "csv")]
     targets.append(str(paths.overlap_report("vg", "urban1k")))
     targets += [str(paths.table("tableA3", ext)) for ext in ("md", "csv")]
+    # The data-fraction subsets as records (training derives the same ids from the same seed).
+    targets += [str(paths.subsets(DATA_ROOT, b["train"])) for b in config["benchmarks"].values()]
     return targets

@@ -1,7 +1,21 @@
 # Datasets: generated (embedded profile) or downloaded and converted to manifests (paper profile).
 
 
+rule download:
+    # Real data (paper profile): resumable, checksum-verified download of one source table entry.
+    output:
+        record=f"{DATA_ROOT}/{{source}}/download.json",
+    log:
+        f"logs/{PROFILE}/download/{{source}}.log",
+    retries: 2
+    shell:
+        f"{HNCLIP} download {{wildcards.source}} > {{log}} 2>&1"
+
+
 rule dataset:
+    # Manifests of one dataset role: generated (tiny profile) or built from the verified download.
+    input:
+        dataset_inputs,
     output:
         marker=f"{DATA_ROOT}/{{dataset}}/dataset.json",
     params:
@@ -10,3 +24,15 @@ rule dataset:
         f"logs/{PROFILE}/data/{{dataset}}.log",
     shell:
         f"{HNCLIP} data {{wildcards.dataset}} > {{log}} 2>&1"
+
+
+rule subsets:
+    # The data-fraction study's nested training subsets (fixed seed, identical for every method).
+    input:
+        data=lambda w: dataset_marker(w.dataset),
+    output:
+        f"{DATA_ROOT}/{{dataset}}/subsets.json",
+    log:
+        f"logs/{PROFILE}/subsets/{{dataset}}.log",
+    shell:
+        f"{HNCLIP} subsets {{wildcards.dataset}} > {{log}} 2>&1"
