@@ -85,6 +85,31 @@ def test_lineage_of_a_table3a_cell_reaches_raw_data_initial_weights_and_git(micr
     assert "CHANGED" not in text and "MISSING" not in text
 
 
+@pytest.mark.parametrize("table, cell, spec_check", [
+    ("table1", "hn_clip/docci/t2i/R@1", lambda spec: spec["objective"]["margin"] == "live"),
+    ("table3c", "frozen/docci/i2t/R@1", lambda spec: spec["objective"]["margin"] == "frozen"),
+])
+def test_lineage_of_table1_and_table3c_cells_reaches_raw_data(micro_project, table, cell, spec_check):
+    proj = micro_project
+    chain = lineage(proj / f"results/tables/{table}.csv", cell, root=proj)
+    run, = _nodes(chain, "run")
+    assert spec_check(run["params"]) and run["params"]["train_set"] == "docci"
+    dataset = read_json(proj / "data/embedded/docci/dataset.json")
+    raw = [n["facts"] for n in _nodes(chain, "raw data") if n["facts"]["generator"]["variant"] == "docci"]
+    assert raw and all(f["generator"]["digest"] == dataset["generator"]["digest"] for f in raw)
+    init, = _nodes(chain, "initial weights")
+    assert init["sha256"] == sha256_file(proj / "results/backbones/tiny_pretrained/model.pt")
+    assert "CHANGED" not in format_lineage(chain) and "MISSING" not in format_lineage(chain)
+
+
+def test_lineage_of_the_zero_shot_row_reaches_the_backbone(micro_project):
+    chain = lineage(micro_project / "results/tables/table1.csv", "longclip_zeroshot/docci/t2i/R@1",
+                    root=micro_project)
+    init, = _nodes(chain, "initial weights")
+    assert init["path"] == "results/backbones/tiny_pretrained/model.pt" and init["verified"] is True
+    assert _nodes(chain, "test manifest")
+
+
 def test_lineage_accepts_markdown_labels_and_the_average_column(micro_project):
     proj = micro_project
     by_key = lineage(proj / TABLE_CSV, CELL, root=proj)
