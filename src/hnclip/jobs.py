@@ -41,7 +41,7 @@ def pretrain_spec(reg: Registry, name: str) -> dict:
 
 def pretrain_job(reg: Registry, name: str) -> TrainJob:
     spec = pretrain_spec(reg, name)
-    run_id, digest = make_run_id(spec)
+    _, digest = make_run_id(spec)  # the readable part is rebuilt below with a backbone- prefix
     data_root = reg.profile["data_root"]
     return TrainJob(
         run_id=f"backbone-{name}-{digest[:8]}", spec=spec, spec_hash=digest, init_kind="scratch", init_path=None,
