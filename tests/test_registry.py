@@ -7,14 +7,21 @@ from hnclip.config import ParamsError, validate_params
 from hnclip.registry import Registry
 
 
-def test_committed_params_validate_and_expand(params, in_project):
-    reg = Registry(params)
+@pytest.mark.parametrize("profile, seeds", [("tiny", [42]), ("tiny_seeds", [42, 43])])
+def test_committed_params_validate_and_expand(params, in_project, profile, seeds):
+    reg = Registry(params, profile=profile)
     cells = reg.cells("table3a")
-    seeds = reg.table_seeds("table3a")
-    assert len(seeds) >= 2 and len(cells) == 5 * 4 * len(seeds)
+    assert reg.table_seeds("table3a") == seeds and len(cells) == 5 * 4 * len(seeds)
     # DCI and Long-DCI are evaluated on the same DCI-trained runs: 3 training sets, not 4.
     assert len({c.run_id for c in cells}) == 5 * 3 * len(seeds)
     assert len({(c.run_id, c.benchmark) for c in cells}) == len(cells)
+
+
+def test_seed_profile_adds_only_second_seed_runs(params, in_project):
+    """`tiny_seeds` is `tiny` plus seed 43 on Tables 1 and 3a-c: every tiny run is shared."""
+    tiny, seeds = Registry(params, profile="tiny"), Registry(params, profile="tiny_seeds")
+    assert set(tiny.runs()) < set(seeds.runs())
+    assert all(run.spec["seed"] == 43 for run_id, run in seeds.runs().items() if run_id not in tiny.runs())
 
 
 def _runs(reg, table, row, benchmark=None, seed=42):
@@ -30,12 +37,27 @@ def test_identical_cells_in_several_tables_are_one_run(params, in_project):
     assert _runs(reg, "table3c", "recomputed") == hn_clip
     assert _runs(reg, "table3b", "tok=1,hn=1") <= hn_clip
     assert _runs(reg, "tableA9", "docci/100%/hn_clip") == _runs(reg, "table1", "hn_clip", "docci")
-    assert _runs(reg, "tableA8", "hn_clip/seed=43", seed=43) == _runs(reg, "table3a", "gamma=0.5", "long_dci", 43)
+    seeds = Registry(params, profile="tiny_seeds")
+    assert _runs(seeds, "tableA8", "hn_clip/seed=43", seed=43) == _runs(seeds, "table3a", "gamma=0.5", "long_dci", 43)
     # gamma=0 with the token term is the same experiment as the "+L_tok" ablation row
     assert _runs(reg, "table3a", "gamma=0", "dci") == _runs(reg, "table3b", "tok=1,hn=0", "dci")
     # A cross-domain cell reuses the in-domain run: evaluation differs, training does not
     assert _runs(reg, "tableA10", "docci->dci/hn_clip") == _runs(reg, "table1", "hn_clip", "docci")
     assert len(reg.runs()) < sum(len({c.run_id for c in reg.cells(t) if c.run_id}) for t in reg.tables)
+
+
+def test_gradient_probes_only_on_the_runs_the_gradient_figures_draw(params, in_project):
+    reg = Registry(params)
+    every = reg.profile["execution"]["grad_probe_every"]
+    fig4 = _runs(reg, "table1", "hn_clip", "docci") | _runs(reg, "table1", "hn_clip", "docci", seed=43)
+    figA8 = {c.run_id for c in reg.cells("tableA9") if c.run_id}
+    probed = {run_id for run_id in reg.runs() if reg.probe_every(run_id)}
+    assert probed == fig4 | figA8 and all(reg.probe_every(r) == every for r in probed)
+    assert reg.probe_every(next(iter(_runs(reg, "table3a", "gamma=0.25", "docci")))) == 0
+    everything = copy.deepcopy(params)
+    everything["profiles"]["tiny"]["execution"]["grad_probe_runs"] = "all"
+    reg_all = Registry(everything)
+    assert {r for r in reg_all.runs() if reg_all.probe_every(r) == every} == set(reg_all.runs())
 
 
 def test_zeroshot_and_not_implemented_rows(params, in_project):
@@ -99,7 +121,7 @@ def test_schema_rejects_malformed_params(params, in_project, mutate, message):
 @pytest.mark.parametrize("mutate, message", [
     (lambda p: p["tables"]["table3a"].update(method="hn_clap"), r"tables\.table3a: unknown method 'hn_clap'; allowed values: \["),
     (lambda p: p["tables"]["table3a"]["benchmarks"].append("coco"), r"tables\.table3a\.benchmarks\.4: unknown benchmark 'coco'"),
-    (lambda p: p.update(profile="huge"), r"profile: unknown profile 'huge'; allowed values: \['paper', 'tiny'\]"),
+    (lambda p: p.update(profile="huge"), r"profile: unknown profile 'huge'; allowed values: \['paper', 'tiny', 'tiny_seeds'\]"),
     (lambda p: p["profiles"]["tiny"].update(backbone="vit_h"), r"backbone: unknown backbone 'vit_h'"),
 ])
 def test_registry_rejects_unknown_references(params, in_project, mutate, message):

@@ -107,6 +107,26 @@ def test_provenance_chain_from_table_to_weights(project):
     assert {"docci", "long_dci"} & set(train["history"][0]["eval"]) == {"long_dci"}
 
 
+def test_only_the_gradient_figure_runs_are_probed(project):
+    proj, _ = project
+    records = {p.parent.name: json.loads(p.read_text()) for p in (proj / "results/runs").glob("*/train.json")}
+    probed = {run for run, r in records.items() if r["params"]["grad_probe_every"]}
+    assert probed and all((proj / "results/runs" / run / "grad_probe.jsonl").stat().st_size for run in probed)
+    assert {records[run]["spec"]["train_set"] for run in probed} == {"docci"}  # Fig. 4: HN-CLIP on DOCCI
+    for run, record in records.items():
+        assert (run in probed) == (proj / "results/runs" / run / "grad_probe.jsonl").exists()
+        assert record["saved_weights_match_last_epoch"] is True
+
+
+def test_report_groups_tables_and_figures_by_paper_section(project):
+    proj, _ = project
+    run(".venv/bin/snakemake --workflow-profile workflow/profiles/default --report report.html", proj)
+    html = (proj / "report.html").read_text()
+    for section in ("3.2 Main results", "3.5 Ablations", "2.4 Gradient-dynamics analysis",
+                    "A.4 Statistics of the caption geometry"):
+        assert section in html, section
+
+
 def test_second_run_is_a_noop(project):
     proj, _ = project
     again = run(".venv/bin/dvc repro", proj)

@@ -121,7 +121,7 @@ def cmd_train(args) -> int:
 
 
 def cmd_evaluate(args) -> int:
-    from .evaluate import evaluate_run
+    from .run_evaluation import evaluate_run
     from .gpu_slots import acquire_slot
     reg = _registry(args)
     with acquire_slot():

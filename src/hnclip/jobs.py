@@ -3,12 +3,12 @@ from __future__ import annotations
 
 from . import paths
 from .registry import Registry, make_run_id, pretrain_dataset, with_generator_digest
-from .train import TrainJob
 
 PRETRAIN_ROLE = "pretrain"
 
 
-def finetune_job(reg: Registry, run_id: str, stop_after_steps: int | None = None) -> TrainJob:
+def finetune_job(reg: Registry, run_id: str, stop_after_steps: int | None = None):
+    from .train import TrainJob  # torch: imported only by the jobs that train (Snakefile parsing stays light)
     run = reg.run(run_id)
     backbone = reg.backbone_spec()
     name = reg.backbone_name()
@@ -20,8 +20,8 @@ def finetune_job(reg: Registry, run_id: str, stop_after_steps: int | None = None
         train_manifest=reg.train_manifest(run.train_set),
         eval_manifests={b: reg.test_manifest(b) for b in reg.eval_benchmarks(run.train_set)},
         out_dir=paths.run_dir(run_id), checkpoint_dir=paths.checkpoint_dir(run_id),
-        execution=reg.profile["execution"], evaluation=reg.params["evaluation"],
-        stop_after_steps=stop_after_steps)
+        execution={**reg.profile["execution"], "grad_probe_every": reg.probe_every(run_id)},
+        evaluation=reg.params["evaluation"], stop_after_steps=stop_after_steps)
 
 
 def pretrain_spec(reg: Registry, name: str) -> dict:
@@ -39,7 +39,8 @@ def pretrain_spec(reg: Registry, name: str) -> dict:
     }
 
 
-def pretrain_job(reg: Registry, name: str) -> TrainJob:
+def pretrain_job(reg: Registry, name: str):
+    from .train import TrainJob
     spec = pretrain_spec(reg, name)
     _, digest = make_run_id(spec)  # the readable part is rebuilt below with a backbone- prefix
     data_root = reg.profile["data_root"]
@@ -49,7 +50,8 @@ def pretrain_job(reg: Registry, name: str) -> TrainJob:
         train_manifest=paths.manifest(data_root, PRETRAIN_ROLE, "train"),
         eval_manifests={"pretrain_test": paths.manifest(data_root, PRETRAIN_ROLE, "test")},
         out_dir=paths.backbone_dir(name), checkpoint_dir=paths.checkpoint_dir(f"backbone-{name}"),
-        execution={**reg.profile["execution"], "keep_epoch_weights": False}, evaluation=reg.params["evaluation"])
+        execution={**reg.profile["execution"], "keep_epoch_weights": False, "grad_probe_every": 0},
+        evaluation=reg.params["evaluation"])
 
 
 def dataset_generation(reg: Registry, role: str) -> dict:

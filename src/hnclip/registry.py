@@ -21,6 +21,7 @@ OBJECTIVE_KEYS = ("framework", "gamma", "lambda_tok", "margin")
 TRAINED_FRAMEWORKS = {"full", "lora", "dora"}
 ZEROSHOT = "none"
 NOT_IMPLEMENTED = "not implemented yet"
+GRADIENT_FIGURE_KINDS = {"gradient_dynamics", "gradient_dynamics_grid"}  # drawn from grad_probe.jsonl
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,32 @@ class Registry:
         figure = self.params["figures"][name]
         tables = [figure["table"]] if "table" in figure else [s["table"] for s in figure.get("series", [])]
         return list(dict.fromkeys(tables))
+
+    def figure_cells(self, figure: dict) -> list[Cell]:
+        """The trained or zero-shot cells a figure (its params.yaml entry) draws: its series' rows,
+        or its table's cells (optionally `rows` of it), restricted to its `benchmark` if it names one."""
+        if "series" in figure:
+            cells = [c for s in figure["series"] for c in self.cells(s["table"]) if c.row == s["row"]]
+        elif "table" in figure:
+            rows = set(figure.get("rows", []))
+            cells = [c for c in self.cells(figure["table"]) if not rows or c.row in rows]
+        else:
+            cells = []
+        if "benchmark" in figure:
+            cells = [c for c in cells if c.benchmark == figure["benchmark"]]
+        return [c for c in cells if c.run_id]
+
+    def probe_every(self, run_id: str) -> int:
+        """Optimizer steps between gradient probes of a run (0: not probed). `grad_probe_runs:
+        figures` probes only the runs the gradient-dynamics figures draw: the probe costs two extra
+        backward passes per probed step, and no other artifact reads it."""
+        execution = self.profile["execution"]
+        every = int(execution.get("grad_probe_every", 0) or 0)
+        if execution.get("grad_probe_runs", "figures") == "all":
+            return every
+        probed = {c.run_id for figure in self.params.get("figures", {}).values()
+                  if figure["kind"] in GRADIENT_FIGURE_KINDS for c in self.figure_cells(figure)}
+        return every if run_id in probed else 0
 
     # ---- expansion -----------------------------------------------------------------------------
     def dataset_spec(self, role: str) -> dict:

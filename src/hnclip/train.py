@@ -36,7 +36,7 @@ from .io import atomic_path, write_json, write_jsonl
 from .models.factory import load_backbone, save_weights
 from .training.distributed import Distributed, distributed_session
 from .training.exact_batch import exact_batch_backward
-from .training.frameworks import TrainedModel, weights_digest
+from .training.frameworks import TrainedModel, state_dict_digest, weights_digest
 from .training.objective import TOKEN_LOSS_CHUNK, loss_terms  # noqa: F401 - part of this module's API
 from .training.probe import GradientProbe, probe_summary
 
@@ -336,6 +336,7 @@ def _write_outputs(job: TrainJob, model, state: dict, init: dict, wall: float, r
     job.out_dir.mkdir(parents=True, exist_ok=True)
     model_path = job.out_dir / "model.pt"
     save_weights(model, job.model_config, model_path)
+    saved_matches = _saved_weights_match(model_path, state["history"])
     write_jsonl(job.out_dir / "steps.jsonl", state["steps"])
     if training["grad_probe"] is not None:
         write_jsonl(job.out_dir / "grad_probe.jsonl", state["grad_probe"])
@@ -345,15 +346,29 @@ def _write_outputs(job: TrainJob, model, state: dict, init: dict, wall: float, r
         inputs["init_weights"] = job.init_path
     record = provenance.record(
         "train", inputs=inputs, spec=job.spec, spec_hash=job.spec_hash, wall_time_s=wall,
+        params={"evaluation": job.evaluation, "grad_probe_every": job.execution.get("grad_probe_every", 0)},
         device={"type": str(device), "threads": job.execution["threads"], "processes": training["processes"]},
         extra={"run_id": job.run_id, "init": init, "initial_eval": state["initial_eval"],
                "history": state["history"], "training": training,
                "outputs": {"model": {"path": str(model_path), "sha256": provenance.file_sha256(model_path)}},
                "resumed_from_step": resumed_from, "optimizer_steps": state["step"],
                "final_weights_sha256": state["history"][-1]["weights_sha256"] if state["history"] else None,
+               "saved_weights_match_last_epoch": saved_matches,
                "images_per_second": _throughput(job, state, wall)})
     write_json(job.out_dir / "train.json", record)
     return record
+
+
+def _saved_weights_match(model_path: Path, history: list[dict]) -> bool | None:
+    """Reread model.pt and check it holds exactly the weights evaluated at the last epoch, so its
+    evaluation records can be taken from the per-epoch metrics without re-encoding."""
+    if not history:
+        return None
+    saved = torch.load(model_path, map_location="cpu", weights_only=True)["state_dict"]
+    if state_dict_digest(saved) != history[-1]["weights_sha256"]:
+        raise RuntimeError(f"{model_path}: the saved weights differ from those evaluated at the last epoch "
+                           f"(sha256 {history[-1]['weights_sha256']}); the file was not written intact")
+    return True
 
 
 def _throughput(job: TrainJob, state: dict, wall: float) -> float:

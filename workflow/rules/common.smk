@@ -17,6 +17,9 @@ BACKBONE = REG.backbone_name()
 BACKBONE_SPEC = REG.backbone_spec()
 # The interpreter running Snakemake (the project's .venv) runs the jobs too: no PATH assumptions.
 CAPTION_GEOMETRY_TABLE = "tableA1"
+# The HTML report (`snakemake --report`) groups tables and figures by the paper section they belong to.
+GEOMETRY_SECTION = "A.4 Statistics of the caption geometry"   # Table A1 (derived, not in params.yaml)
+TIMING_SECTION = "D Implementation details and computational analysis"   # Table A3
 HNCLIP = f"{shlex.quote(sys.executable)} -m hnclip --profile {PROFILE}"
 USES_GPU = 0 if EXECUTION["device"] == "cpu" else 1
 # Several GPUs per run: torchrun starts one process per GPU; losses gather features across them.
@@ -31,6 +34,11 @@ wildcard_constraints:
     source=r"[a-z0-9_]+",
     table="|".join(config["tables"]),
     figure="|".join(config["figures"]),
+
+
+def report_section(kind, name):
+    """A table's or figure's paper section (report category); tables without one go under "Tables"."""
+    return config[kind][name].get("section", "Tables")
 
 
 def dataset_marker(role):

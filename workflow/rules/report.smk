@@ -5,8 +5,9 @@ rule table:
     input:
         table_inputs,
     output:
-        md=report("results/tables/{table}.md", caption="../report/table.rst", category="Tables",
-                  subcategory="{table}", labels={"table": "{table}"}),
+        md=report("results/tables/{table}.md", caption="../report/table.rst",
+                  category=lambda w: report_section("tables", w.table), subcategory="Tables",
+                  labels={"table": "{table}"}),
         tex="results/tables/{table}.tex",
         csv="results/tables/{table}.csv",
         provenance="results/tables/{table}.provenance.json",
@@ -23,7 +24,8 @@ rule figure:
     input:
         figure_inputs,
     output:
-        png=report("figures/{figure}.png", caption="../report/figure.rst", category="Figures",
+        png=report("figures/{figure}.png", caption="../report/figure.rst",
+                   category=lambda w: report_section("figures", w.figure), subcategory="Figures",
                    labels={"figure": "{figure}"}),
         pdf="figures/{figure}.pdf",
     params:
@@ -39,7 +41,8 @@ rule timing_table:
     input:
         timing_inputs,
     output:
-        md=report("results/tables/tableA3.md", category="Tables", labels={"table": "A3"}),
+        md=report("results/tables/tableA3.md", category=TIMING_SECTION, subcategory="Tables",
+                  labels={"table": "tableA3"}),
         csv="results/tables/tableA3.csv",
         provenance="results/tables/tableA3.provenance.json",
     log:

@@ -19,7 +19,8 @@ rule caption_geometry_table:
         stats=[str(paths.stats(bench)) for bench in config["benchmarks"]],
         train_data=[str(dataset_marker(role)) for role in sorted({b["train"] for b in config["benchmarks"].values()})],
     output:
-        md=report(f"results/tables/{CAPTION_GEOMETRY_TABLE}.md", category="Tables", labels={"table": "A1"}),
+        md=report(f"results/tables/{CAPTION_GEOMETRY_TABLE}.md", category=GEOMETRY_SECTION, subcategory="Tables",
+                  labels={"table": CAPTION_GEOMETRY_TABLE}),
         tex=f"results/tables/{CAPTION_GEOMETRY_TABLE}.tex",
         csv=f"results/tables/{CAPTION_GEOMETRY_TABLE}.csv",
         provenance=f"results/tables/{CAPTION_GEOMETRY_TABLE}.provenance.json",

@@ -12,6 +12,10 @@ rule train:
         steps="results/runs/{run}/steps.jsonl",
     params:
         spec=lambda w: REG.run(w.run).canonical(),
+        # Not the run's identity, but what its records contain: the per-epoch metrics (evaluation
+        # settings) and whether its gradients are probed. A change reruns the run.
+        evaluation=canonical_json(config["evaluation"]),
+        grad_probe_every=lambda w: REG.probe_every(w.run),
     log:
         "logs/train/{run}.log",
     benchmark:

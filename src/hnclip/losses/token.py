@@ -19,6 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+RECOMPUTE_ABOVE_BYTES = 256 * 2**20  # fp32 cosines of one chunk; the paper's 16 x 16 x 257 x 248 is 65 MB
+
 
 def _symmetric_cross_entropy(logits_i2t: torch.Tensor, logits_t2i: torch.Tensor) -> torch.Tensor:
     targets = torch.arange(logits_i2t.shape[0], device=logits_i2t.device)
@@ -73,8 +75,11 @@ def late_interaction_similarities(image_tokens: torch.Tensor, text_tokens: torch
     chunk_size = texts.shape[0] if chunk_size is None else int(chunk_size)
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    # Checkpointing only pays when a backward pass will follow.
-    recompute = torch.is_grad_enabled() and (images.requires_grad or texts.requires_grad)
+    # Checkpointing only pays when a backward pass will follow and a chunk's [B, C, P, T] cosines
+    # are large enough to matter: below that, recomputing them costs time and saves nothing useful.
+    chunk_bytes = images.shape[0] * min(chunk_size, texts.shape[0]) * images.shape[1] * texts.shape[1] * 4
+    recompute = (torch.is_grad_enabled() and (images.requires_grad or texts.requires_grad)
+                 and chunk_bytes > RECOMPUTE_ABOVE_BYTES)
     blocks_i2t, blocks_t2i = [], []
     for start in range(0, texts.shape[0], chunk_size):
         rows = slice(start, start + chunk_size)

@@ -149,9 +149,7 @@ def _clamped(values) -> list[float]:
 def gradient_dynamics(reg, spec: dict, out_stem: Path) -> list[Path]:
     """Both losses, both full-parameter gradient norms and their cosine at every probe, and the
     per-epoch share of batches each loss leaves below 1e-3 (saturated)."""
-    benchmark = spec.get("benchmark", "docci")
-    runs = sorted({c.run_id for cells in _series_cells(reg, spec).values() for c in cells
-                   if c.benchmark == benchmark})
+    runs = sorted({c.run_id for c in reg.figure_cells(spec)})
     fig, axes = plt.subplots(1, 4, figsize=(16, 3.6), constrained_layout=True)
     for run_id in runs:
         records = _probe_records(run_id)
@@ -185,7 +183,7 @@ def gradient_dynamics(reg, spec: dict, out_stem: Path) -> list[Path]:
 
 def gradient_dynamics_grid(reg, spec: dict, out_stem: Path) -> list[Path]:
     """Fig. A8: the gradient-norm panel of Fig. 4 for every run of a table (e.g. the data fractions)."""
-    cells = sorted({(c.row, c.run_id) for c in reg.cells(spec["table"]) if c.run_id})
+    cells = sorted({(c.row, c.run_id) for c in reg.figure_cells(spec)})
     fig, axes = plt.subplots(1, max(1, len(cells)), figsize=(3.2 * max(1, len(cells)), 3), squeeze=False,
                              constrained_layout=True)
     for ax, (row, run_id) in zip(axes[0], cells):

@@ -21,8 +21,12 @@ DEFAULT_ADAPTER = {"r": 16, "alpha": 32, "dropout": 0.0, "target": "both"}
 
 def weights_digest(model: torch.nn.Module) -> str:
     """sha256 over the raw bytes of the state dict, in key order: names the exact weights."""
+    return state_dict_digest(model.state_dict())
+
+
+def state_dict_digest(state_dict: dict) -> str:
     digest = hashlib.sha256()
-    for key, tensor in model.state_dict().items():
+    for key, tensor in state_dict.items():
         digest.update(key.encode())
         digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
