@@ -48,9 +48,12 @@ def targets(cells: list[Cell]) -> list[str]:
     return sorted({str(paths.evaluation(c.run_id, c.benchmark)) for c in cells if c.run_id})
 
 
+WORKFLOW_PROFILE = "workflow/profiles/default"  # the rerun triggers command 1 uses (params and inputs)
+
+
 def snakemake_command(reg: Registry, target_files: list[str], cores: str = "all") -> list[str]:
-    return [sys.executable, "-m", "snakemake", *target_files, "--cores", cores,
-            "--config", f"profile={reg.profile_name}"]
+    return [sys.executable, "-m", "snakemake", *target_files, "--workflow-profile", WORKFLOW_PROFILE,
+            "--cores", cores, "--config", f"profile={reg.profile_name}"]
 
 
 def run(reg: Registry, cells: list[Cell], dry_run: bool = False) -> int:

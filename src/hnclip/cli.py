@@ -121,11 +121,9 @@ def cmd_train(args) -> int:
 
 
 def cmd_evaluate(args) -> int:
-    from .run_evaluation import evaluate_run
-    from .gpu_slots import acquire_slot
+    from .run_evaluation import evaluate_run  # takes a GPU slot only when it has to encode
     reg = _registry(args)
-    with acquire_slot():
-        out = evaluate_run(reg, args.run, args.benchmark)
+    out = evaluate_run(reg, args.run, args.benchmark)
     print(f"wrote {out}")
     return 0
 

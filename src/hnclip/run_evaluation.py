@@ -34,15 +34,20 @@ def select_epochs(history: list[dict], benchmark: str) -> dict:
 
 
 def _encode_and_score(reg, backbone, manifest) -> dict:
+    """Recall@K of `backbone` on a test manifest, in fp32 on the profile's device (a GPU slot)."""
     import torch
 
     from .data.loader import PairDataset
+    from .device import resolve_device
     from .evaluate import evaluate_model
+    from .gpu_slots import acquire_slot
     execution, evaluation = reg.profile["execution"], reg.params["evaluation"]
     torch.set_num_threads(execution["threads"])
     dataset = PairDataset.from_manifest(manifest, backbone.preprocess, backbone.tokenizer)
-    return evaluate_model(backbone.model, dataset, evaluation["recall_ks"], evaluation["tie_rule"],
-                          execution["eval_batch_size"])
+    with acquire_slot():
+        device = resolve_device(execution["device"])
+        return evaluate_model(backbone.model.to(device), dataset, evaluation["recall_ks"], evaluation["tie_rule"],
+                              execution["eval_batch_size"], device)
 
 
 def _checked_train_record(reg, run_id: str) -> dict:

@@ -17,8 +17,10 @@ rule pretrain_backbone:
     threads: workflow.cores  # runs alone at the head of the DAG
     resources:
         gpu=USES_GPU,
+    # Alone on every core, so its OpenMP threads may spin between parallel regions (faster than
+    # hnclip's default passive wait, which only matters when jobs share cores).
     shell:
-        f"{HNCLIP} --threads {{threads}} pretrain --backbone {{wildcards.backbone}} > {{log}} 2>&1"
+        f"OMP_WAIT_POLICY=ACTIVE {HNCLIP} --threads {{threads}} pretrain --backbone {{wildcards.backbone}} > {{log}} 2>&1"
 
 
 rule download_longclip:
