@@ -4,8 +4,10 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 work=${1:-$(mktemp -d)/hnclip-repro}
+# Reuse the project's venv (building it is measured separately by setup.sh's own log): bring it up
+# to date first, or the clone's setup.sh would replace the link with a fresh venv inside the timing.
+(cd "$here" && ./setup.sh >/dev/null)
 git clone -q "$here" "$work"
-# Reuse the project's venv (building it is measured separately by setup.sh's own log).
 ln -s "$here/.venv" "$work/.venv"
 cd "$work"
 export DVC_NO_ANALYTICS=1
