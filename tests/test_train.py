@@ -137,3 +137,20 @@ def test_frozen_margin_stays_constant_while_live_drifts(tiny_data):
         optimizer.step()
     assert all(torch.equal(g_frozen[0], g) for g in g_frozen[1:])
     assert not torch.allclose(g_live[0], g_live[-1], atol=1e-4)
+
+
+def test_saved_weights_are_checked_against_the_last_evaluated_epoch(tmp_path):
+    """The training job rereads model.pt: the evaluation jobs rely on it holding exactly the
+    weights whose metrics the last epoch recorded."""
+    from hnclip.models.factory import save_weights
+    from hnclip.train import _saved_weights_match
+    from hnclip.training.frameworks import weights_digest
+    model = torch.nn.Linear(3, 2)
+    path = tmp_path / "model.pt"
+    save_weights(model, "hnclip-tiny", path)
+    assert _saved_weights_match(path, [{"weights_sha256": weights_digest(model)}]) is True
+    assert _saved_weights_match(path, []) is None  # nothing was evaluated (no epoch finished)
+    with torch.no_grad():
+        model.weight.add_(1e-6)
+    with pytest.raises(RuntimeError, match="saved weights differ from those evaluated at the last epoch"):
+        _saved_weights_match(path, [{"weights_sha256": weights_digest(model)}])

@@ -15,8 +15,6 @@ import time
 from . import paths, provenance
 from .io import read_json, write_json
 
-DIRECTIONS = ("t2i", "i2t")
-
 
 def mean_r1(metrics: dict) -> float:
     return (metrics["t2i"]["R@1"] + metrics["i2t"]["R@1"]) / 2
