@@ -7,6 +7,7 @@ same experiment therefore resolve to the same run id and are trained once.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -149,19 +150,34 @@ class Registry:
         tables = [figure["table"]] if "table" in figure else [s["table"] for s in figure.get("series", [])]
         return list(dict.fromkeys(tables))
 
-    def figure_cells(self, figure: dict) -> list[Cell]:
-        """The trained or zero-shot cells a figure (its params.yaml entry) draws: its series' rows,
-        or its table's cells (optionally `rows` of it), restricted to its `benchmark` if it names one."""
+    def figure_series(self, figure: dict) -> dict[str, list[Cell]]:
+        """A figure's (its params.yaml entry's) curves: label -> the implemented cells it draws.
+        Curves come from `series: [{table, row, label}]`, else from its table's `rows` (default:
+        every row), restricted to its `benchmark` if it names one; a row of a framework not
+        implemented yet has no curve."""
         if "series" in figure:
-            cells = [c for s in figure["series"] for c in self.cells(s["table"]) if c.row == s["row"]]
+            items = figure["series"]
         elif "table" in figure:
-            rows = set(figure.get("rows", []))
-            cells = [c for c in self.cells(figure["table"]) if not rows or c.row in rows]
+            rows = figure.get("rows") or list(dict.fromkeys(c.row for c in self.cells(figure["table"])))
+            items = [{"table": figure["table"], "row": row} for row in rows]
         else:
-            cells = []
-        if "benchmark" in figure:
-            cells = [c for c in cells if c.benchmark == figure["benchmark"]]
-        return [c for c in cells if c.run_id]
+            items = []
+        series = {}
+        for item in items:
+            cells = [c for c in self.cells(item["table"]) if c.row == item["row"] and c.run_id
+                     and c.benchmark == figure.get("benchmark", c.benchmark)]
+            if cells:
+                series[item.get("label", item["row"])] = cells
+        return series
+
+    def figure_cells(self, figure: dict) -> list[Cell]:
+        return [c for cells in self.figure_series(figure).values() for c in cells]
+
+    @functools.cached_property
+    def _probed_runs(self) -> set[str]:
+        """Runs the gradient-dynamics figures draw (the only readers of the gradient probe)."""
+        return {c.run_id for figure in self.params.get("figures", {}).values()
+                if figure["kind"] in GRADIENT_FIGURE_KINDS for c in self.figure_cells(figure)}
 
     def probe_every(self, run_id: str) -> int:
         """Optimizer steps between gradient probes of a run (0: not probed). `grad_probe_runs:
@@ -171,9 +187,7 @@ class Registry:
         every = int(execution.get("grad_probe_every", 0) or 0)
         if execution.get("grad_probe_runs", "figures") == "all":
             return every
-        probed = {c.run_id for figure in self.params.get("figures", {}).values()
-                  if figure["kind"] in GRADIENT_FIGURE_KINDS for c in self.figure_cells(figure)}
-        return every if run_id in probed else 0
+        return every if run_id in self._probed_runs else 0
 
     # ---- expansion -----------------------------------------------------------------------------
     def dataset_spec(self, role: str) -> dict:

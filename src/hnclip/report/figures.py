@@ -37,17 +37,6 @@ def gamma_sweep(frame: pd.DataFrame, benchmark_labels: dict[str, str], out_stem:
 
 
 # ---- figures from per-epoch evaluation records ---------------------------------------------------
-def _series_cells(reg, spec: dict) -> dict[str, list]:
-    """Series label -> cells, from `series: [{table, row}]` or `table` + `rows`."""
-    series = spec.get("series") or [{"table": spec["table"], "row": row} for row in spec["rows"]]
-    out = {}
-    for item in series:
-        cells = [c for c in reg.cells(item["table"]) if c.row == item["row"] and c.run_id]
-        if cells:  # rows of frameworks not implemented yet have no curve
-            out[item.get("label", item["row"])] = cells
-    return out
-
-
 def _per_epoch(cell, direction: str | None) -> dict[int, float]:
     """Epoch -> R@1 (one direction, or the mean of both) of one cell, epoch 0 = before fine-tuning."""
     from .. import paths
@@ -71,7 +60,7 @@ def _mean_curve(cells, benchmark: str, direction: str | None) -> tuple[list[int]
 def convergence(reg, spec: dict, out_stem: Path, by_direction: bool = False) -> list[Path]:
     """Paper Fig. 5 (mean R@1 per epoch) or Fig. A9 (one panel row per direction); epoch 0 is the
     initial backbone; curves average the cell's seeds."""
-    series = _series_cells(reg, spec)
+    series = reg.figure_series(spec)
     benchmarks = list(dict.fromkeys(c.benchmark for cells in series.values() for c in cells))
     directions = ["t2i", "i2t"] if by_direction else [None]
     fig, axes = plt.subplots(len(directions), len(benchmarks), squeeze=False, constrained_layout=True,
