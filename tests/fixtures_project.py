@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from test_workflow import ROOT, VENV_BIN, micro_params, run
 
 PROJECT_FILES = ("Snakefile", "dvc.yaml", ".gitignore", ".dvcignore")
@@ -47,8 +46,8 @@ def lineage_params() -> dict:
 # table), in one process: one torch import instead of one per job, so it takes about a minute.
 BUILD_TABLE3A = """
 from hnclip.cli import main
-from hnclip.config import load_params
-from hnclip.registry import Registry
+from hnclip.config.params import load_params
+from hnclip.config.registry import Registry
 
 reg = Registry(load_params("params.yaml"), validate=False)
 

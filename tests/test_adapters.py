@@ -11,8 +11,14 @@ from open_clip.transformer import CustomResidualAttentionBlock, ResidualAttentio
 
 from hnclip.losses import infonce_loss
 from hnclip.models.adapters import (
-    SplitQKVAttention, adapter_parameters, adapter_state_dict, apply_adapters, load_adapter_state_dict,
-    merge_adapters, split_qkv, to_custom_blocks,
+    SplitQKVAttention,
+    adapter_parameters,
+    adapter_state_dict,
+    apply_adapters,
+    load_adapter_state_dict,
+    merge_adapters,
+    split_qkv,
+    to_custom_blocks,
 )
 from hnclip.models.towers import encode_batch
 

@@ -19,9 +19,9 @@ from hnclip.io import read_json
 from hnclip.models.factory import create, load_weights
 from hnclip.training.distributed import Distributed
 from hnclip.training.exact_batch import exact_batch_backward
+from hnclip.training.loop import TrainJob, frozen_text_encoder, train
 from hnclip.training.objective import loss_terms
 from hnclip.training.probe import GradientProbe
-from hnclip.train import TrainJob, frozen_text_encoder, train
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_train import EVALUATION, EXECUTION, SPEC  # noqa: E402

@@ -12,8 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from hnclip import device as dev
-from hnclip.device import DeviceUnavailableError, autocast_context, describe_device, resolve_device
+from hnclip.runtime import device as dev
+from hnclip.runtime.device import (
+    DeviceUnavailableError,
+    autocast_context,
+    describe_device,
+    resolve_device,
+)
 
 
 class CannNotFound(Exception):
@@ -160,7 +165,7 @@ __version__ = "2.14.0"
 
 NPU_PROBE = '''
 import json, torch
-from hnclip.device import DeviceUnavailableError, describe_device, resolve_device
+from hnclip.runtime.device import DeviceUnavailableError, describe_device, resolve_device
 torch.cuda.is_available = lambda: True      # NPU must still win
 torch.cuda.device_count = lambda: 1
 result = {"auto": str(resolve_device()), "npu7": str(resolve_device("npu:7")), "info": describe_device("npu:0")}

@@ -27,9 +27,19 @@ from pathlib import Path
 
 import pytest
 
-from hnclip.data.download import (ArchiveError, ChecksumMismatch, DownloadError, ManualStepRequired,
-                                  OfflineError, download_dataset, download_file, extract_archive,
-                                  marker_path, part_path, read_marker)
+from hnclip.data.download import (
+    ArchiveError,
+    ChecksumMismatch,
+    DownloadError,
+    ManualStepRequired,
+    OfflineError,
+    download_dataset,
+    download_file,
+    extract_archive,
+    marker_path,
+    part_path,
+    read_marker,
+)
 from hnclip.data.sources import MIRROR_ENV, Source, SourceFile, get_source, resolve_url
 
 FAST = dict(backoff=0.001, progress=False)  # tiny backoff keeps the retry tests quick

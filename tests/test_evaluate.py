@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from hnclip.evaluate import ranks_of_positives, recall_at_k
-from hnclip.run_evaluation import mean_r1, select_epochs
+from hnclip.evaluation.retrieval import ranks_of_positives, recall_at_k
+from hnclip.evaluation.selection import mean_r1, select_epochs
 
 
 def test_ranks_on_hand_made_scores():

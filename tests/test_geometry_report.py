@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 import torch
 
+from hnclip.evaluation.caption_geometry import caption_geometry
 from hnclip.report import geometry
 from hnclip.report.paper_reference import paper_table
-from hnclip.stats import caption_geometry
 
 LABELS = {"docci": "DOCCI", "dci": "DCI", "long_dci": "Long-DCI", "urban1k": "Urban-1K"}
 TRAIN_COUNTS = {"docci": 512, "dci": 480, "long_dci": 480, "urban1k": 600}

@@ -1,4 +1,4 @@
-"""GPU slot pool (hnclip.gpu_slots) with simulated devices (HNCLIP_GPU_SLOTS): real processes,
+"""GPU slot pool (hnclip.runtime.gpu_slots) with simulated devices (HNCLIP_GPU_SLOTS): real processes,
 real flocks. Concurrent holders never share a slot, extra jobs wait, a SIGKILLed holder frees its
 slot, and the visible-device variables are set for the holder and restored afterwards."""
 import json
@@ -11,7 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from hnclip.gpu_slots import VISIBLE_DEVICE_VARS, acquire_slot, release, try_lock
+from hnclip.runtime.gpu_slots import (
+    VISIBLE_DEVICE_VARS,
+    acquire_slot,
+    release,
+    try_lock,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -19,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # for `hold` seconds, note when it let go.
 WORKER = """
 import json, os, sys, time
-from hnclip.gpu_slots import acquire_slot
+from hnclip.runtime.gpu_slots import acquire_slot
 record, hold, go = sys.argv[1], float(sys.argv[2]), sys.argv[3]
 while not os.path.exists(go):
     time.sleep(0.01)
@@ -175,7 +180,7 @@ def test_sigkilled_holder_frees_its_slot(simulated_gpus, monkeypatch):
 
 
 def test_slot_count_defaults_to_the_device_count(simulated_gpus, monkeypatch):
-    import hnclip.gpu_slots as gpu_slots
+    import hnclip.runtime.gpu_slots as gpu_slots
     monkeypatch.delenv("HNCLIP_GPU_SLOTS")
     monkeypatch.setattr(gpu_slots, "device_count", lambda: 2)
     other = held(simulated_gpus / "locks", 0)

@@ -7,12 +7,14 @@ import subprocess
 
 import pandas as pd
 import pytest
-
 from fixtures_project import copy_project, micro_project  # noqa: F401  (session fixture)
-from hnclip import audit as audit_module
-from hnclip.audit import audit, main_audit
-from hnclip.io import read_json, sha256_file
-from hnclip.lineage import format_lineage, iter_nodes, lineage, lineage_json
+
+from hnclip.errors import UnknownNameError
+from hnclip.io import read_json
+from hnclip.provenance import audit as audit_module
+from hnclip.provenance.audit import audit, main_audit
+from hnclip.provenance.hashing import sha256_file
+from hnclip.provenance.lineage import format_lineage, iter_nodes, lineage, lineage_json
 
 pytestmark = pytest.mark.slow
 
@@ -122,7 +124,7 @@ def test_lineage_accepts_markdown_labels_and_the_average_column(micro_project):
 
 
 def test_unknown_cell_names_the_available_rows_and_columns(micro_project):
-    with pytest.raises(KeyError) as error:
+    with pytest.raises(UnknownNameError) as error:
         lineage(micro_project / TABLE_CSV, "gamma=0.3/docci/t2i/R@1", root=micro_project)
     assert "gamma=0.5" in str(error.value) and "docci/t2i/R@1" in str(error.value)
 

@@ -10,13 +10,26 @@ import pytest
 import torch
 import torch.nn.functional as F
 from PIL import Image
-from torchvision.transforms import CenterCrop, Compose, InterpolationMode, Normalize, Resize, ToTensor
+from torchvision.transforms import (
+    CenterCrop,
+    Compose,
+    InterpolationMode,
+    Normalize,
+    Resize,
+    ToTensor,
+)
 
 from hnclip.models.longclip import (
-    LONGCLIP_L_SHA256, CheckpointMismatchError, ChecksumMismatchError, build_open_clip_from_openai_state_dict,
-    convert_longclip_state_dict, load_longclip, sha256_file, stretch_openai_state_dict,
+    LONGCLIP_L_SHA256,
+    CheckpointMismatchError,
+    ChecksumMismatchError,
+    build_open_clip_from_openai_state_dict,
+    convert_longclip_state_dict,
+    load_longclip,
+    stretch_openai_state_dict,
     stretch_positional_embedding,
 )
+from hnclip.provenance.hashing import sha256_file
 
 WIDTH, LAYERS, IMAGE, PATCH, EMBED, VOCAB, CONTEXT = 64, 2, 32, 8, 64, 49408, 248
 HEAD_WIDTH = 32  # 2 heads per tower, so head splitting is exercised (real Long-CLIP-L: 64)

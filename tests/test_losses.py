@@ -6,7 +6,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hnclip.losses import ContrastiveLoss, HNClipLoss, hn_loss, infonce_loss, margin_matrix
+from hnclip.losses import (
+    ContrastiveLoss,
+    HNClipLoss,
+    hn_loss,
+    infonce_loss,
+    margin_matrix,
+)
 
 
 def _features(b=6, d=8, seed=0, requires_grad=True):

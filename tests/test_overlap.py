@@ -13,7 +13,6 @@ from hnclip.data.manifest import ManifestRow, read_manifest, write_manifest
 from hnclip.data.synthetic import write_dataset
 from hnclip.io import read_json
 
-
 # ---------------------------------------------------------------------------------------------
 # Fixtures: a VG-like training set and an Urban-like test set that hides copies of training images
 # ---------------------------------------------------------------------------------------------

@@ -10,14 +10,21 @@ from pathlib import Path
 
 import pytest
 from PIL import Image
+from test_download import FAST, server, sha256, tar_gz, zip_bytes  # noqa: F401  (server is a fixture)
 
 from hnclip.data.download import ChecksumMismatch, ManualStepRequired, download_dataset
 from hnclip.data.manifest import ManifestRow, read_manifest
-from hnclip.data.real import (PAPER_TABLE_A1, MissingImageError, build_dci, build_docci, build_urban1k,
-                              build_vg_paragraphs, compare_counts, token_count)
+from hnclip.data.real import (
+    PAPER_TABLE_A1,
+    MissingImageError,
+    build_dci,
+    build_docci,
+    build_urban1k,
+    build_vg_paragraphs,
+    compare_counts,
+    token_count,
+)
 from hnclip.data.sources import get_source
-
-from test_download import FAST, server, sha256, tar_gz, zip_bytes  # noqa: F401  (server is a fixture)
 
 LONG_CAPTION = " ".join(["a red brick wall beside a narrow street"] * 40)  # far over 248 tokens
 
@@ -106,7 +113,7 @@ def test_docci_manifests(docci_dir, tmp_path, test_set, test_ids):
     assert any("qual_dev" in note for note in report.notes)
     goal_note = next(note for note in report.notes if "docci_test.json" in note)
     assert f"{3 - len(test_ids)} of them not in our test set" in goal_note
-    assert report.mismatches() == [f"docci/train: built 2 rows, paper Table A1 says 9450 (-9448)",
+    assert report.mismatches() == ["docci/train: built 2 rows, paper Table A1 says 9450 (-9448)",
                                    f"docci/test: built {len(test_ids)} rows, paper Table A1 says 5100 "
                                    f"({len(test_ids) - 5100:+d})"]
 

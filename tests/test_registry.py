@@ -3,8 +3,8 @@ import copy
 
 import pytest
 
-from hnclip.config import ParamsError, validate_params
-from hnclip.registry import Registry
+from hnclip.config.params import ParamsError, validate_params
+from hnclip.config.registry import Registry
 
 
 @pytest.mark.parametrize("profile, seeds", [("tiny", [42]), ("tiny_seeds", [42, 43])])

@@ -5,13 +5,13 @@ import copy
 import shutil
 
 import pytest
-
 from fixtures_project import copy_project, micro_project  # noqa: F401  (session fixture)
-from hnclip.config import load_params
+
+from hnclip.config.params import load_params
+from hnclip.config.registry import Registry
 from hnclip.io import read_json
 from hnclip.models import factory
-from hnclip.registry import Registry
-from hnclip.run_evaluation import evaluate_run, select_epochs
+from hnclip.steps.evaluate import evaluate_run, select_epochs
 
 pytestmark = pytest.mark.slow
 

@@ -28,14 +28,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-
 from test_workflow import micro_params
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
 sys.path.insert(0, str(ROOT / "scripts"))
 import local_slurm  # noqa: E402
-from hnclip import paths  # noqa: E402  (no torch import: keeps the fixture's own start fast)
+
+from hnclip.config import paths  # noqa: E402  (no torch import: keeps the fixture's own start fast)
 
 pytestmark = pytest.mark.slow
 
@@ -103,7 +103,7 @@ def generate_datasets(project: Path, env: dict) -> None:
 
 def break_backbone_checkpoint(project: Path) -> Path:
     """A directory where pretraining's resume checkpoint goes (.cache/checkpoints/<run>/last.pt, the
-    run named by hnclip.jobs.pretrain_job): the DAG is fine, and the job raises as it tries to resume,
+    run named by hnclip.training.jobs.pretrain_job): the DAG is fine, and the job raises as it tries to resume,
     before any training step. (chmod would not do: the jobs run as root.)"""
     broken = project / paths.checkpoint_dir(f"backbone-{BACKBONE}") / "last.pt"
     broken.mkdir(parents=True)

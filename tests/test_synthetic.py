@@ -14,8 +14,13 @@ from PIL import Image
 
 from hnclip.data.manifest import read_manifest
 from hnclip.data.synthetic import (
-    STANDARD_BACKGROUNDS, URBAN_BACKGROUNDS, VARIANTS, dataset_fingerprint, generate_split,
-    scene_differences, write_dataset,
+    STANDARD_BACKGROUNDS,
+    URBAN_BACKGROUNDS,
+    VARIANTS,
+    dataset_fingerprint,
+    generate_split,
+    scene_differences,
+    write_dataset,
 )
 
 FAMILY_VARIANTS = [name for name, spec in VARIANTS.items() if spec.family_size > 1]

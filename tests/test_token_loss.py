@@ -5,7 +5,6 @@ import pytest
 import torch
 
 import hnclip.losses.token as token_module
-
 from hnclip.losses.token import (
     TokenAlignmentLoss,
     _token_alignment_loss_naive,

@@ -9,7 +9,13 @@ import pytest
 import torch
 
 from hnclip.data.synthetic import write_dataset
-from hnclip.train import NonFiniteLossError, TrainJob, cosine_lr, epoch_micro_batches, train
+from hnclip.training.loop import (
+    NonFiniteLossError,
+    TrainJob,
+    cosine_lr,
+    epoch_micro_batches,
+    train,
+)
 
 SPEC = {
     "train_set": "docci", "fraction": 1.0, "seed": 7,
@@ -47,7 +53,7 @@ def test_schedule_and_batches_are_deterministic():
 KILL_SCRIPT = textwrap.dedent("""
     import json, sys
     from pathlib import Path
-    from hnclip.train import TrainJob, train
+    from hnclip.training.loop import TrainJob, train
     args = json.loads(sys.argv[1])
     train(TrainJob(**{**args, "train_manifest": Path(args["train_manifest"]), "out_dir": Path(args["out_dir"]),
                       "checkpoint_dir": Path(args["checkpoint_dir"]),
@@ -77,7 +83,7 @@ def test_killed_run_resumes_to_identical_result(tiny_data, tmp_path):
 
 
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(tiny_data, tmp_path, monkeypatch):
-    import hnclip.train as train_module
+    import hnclip.training.loop as train_module
     real_terms = train_module.loss_terms
     calls = {"n": 0}
 
@@ -115,7 +121,7 @@ def test_frozen_margin_stays_constant_while_live_drifts(tiny_data):
     from hnclip.losses import margin_matrix
     from hnclip.models.factory import create
     from hnclip.models.towers import encode_text
-    from hnclip.train import build_optimizer, frozen_text_encoder, loss_terms
+    from hnclip.training.loop import build_optimizer, frozen_text_encoder, loss_terms
 
     torch.manual_seed(0)
     backbone = create("hnclip-tiny")
@@ -143,8 +149,8 @@ def test_saved_weights_are_checked_against_the_last_evaluated_epoch(tmp_path):
     """The training job rereads model.pt: the evaluation jobs rely on it holding exactly the
     weights whose metrics the last epoch recorded."""
     from hnclip.models.factory import save_weights
-    from hnclip.train import _saved_weights_match
-    from hnclip.training.frameworks import weights_digest
+    from hnclip.provenance.hashing import weights_digest
+    from hnclip.training.loop import _saved_weights_match
     model = torch.nn.Linear(3, 2)
     path = tmp_path / "model.pt"
     save_weights(model, "hnclip-tiny", path)

@@ -13,14 +13,15 @@ import torch
 
 from hnclip.data.loader import PairDataset
 from hnclip.data.synthetic import write_dataset
-from hnclip.evaluate import evaluate_model
+from hnclip.evaluation.retrieval import evaluate_model
 from hnclip.losses import hn_loss, infonce_loss, token_alignment_loss
 from hnclip.models.adapters import load_adapter_state_dict
 from hnclip.models.factory import create, load_weights
 from hnclip.models.towers import encode_batch, encode_text
-from hnclip.train import TrainJob, frozen_text_encoder, train
+from hnclip.provenance.hashing import weights_digest
 from hnclip.training.exact_batch import exact_batch_backward
-from hnclip.training.frameworks import TrainedModel, weights_digest
+from hnclip.training.frameworks import TrainedModel
+from hnclip.training.loop import TrainJob, frozen_text_encoder, train
 from hnclip.training.objective import TOKEN_LOSS_CHUNK
 from hnclip.training.probe import GradientProbe
 

@@ -5,6 +5,6 @@ import sys
 # job starve the others (a 2-thread job slowed 20x next to other jobs). Set before torch loads.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from .cli import main  # noqa: E402
+from hnclip.cli import main  # noqa: E402
 
 sys.exit(main())

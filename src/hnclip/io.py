@@ -1,30 +1,12 @@
-"""Atomic file writes and content hashes: every artifact is written whole or not at all."""
+"""Atomic file writes and JSON (lines) reading/writing: every artifact is written whole or not at all."""
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
-
-
-def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(chunk), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def canonical_json(obj: Any) -> str:
-    """Key-sorted, whitespace-free JSON: the form that content hashes are taken over."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
 @contextmanager

@@ -7,8 +7,8 @@ Usage (from the project root): .venv/bin/python tests/golden/make_fake_results.p
 import json
 from pathlib import Path
 
-from hnclip.config import load_params
-from hnclip.registry import Registry
+from hnclip.config.params import load_params
+from hnclip.config.registry import Registry
 
 HERE = Path(__file__).parent
 BENCH_BASE = {"docci": 60.0, "dci": 50.0, "long_dci": 40.0, "urban1k": 30.0}

@@ -2,11 +2,13 @@
 import shlex
 import sys
 
-from hnclip import paths
-from hnclip.config import validate_params
-from hnclip.io import canonical_json
-from hnclip.jobs import PRETRAIN_ROLE, dataset_generation, pretrain_spec
-from hnclip.registry import Registry, with_generator_digest
+from hnclip.config import paths
+from hnclip.config.params import validate_params
+from hnclip.provenance.hashing import canonical_json
+from hnclip.config.constants import PRETRAIN_ROLE
+from hnclip.steps.data import dataset_generation
+from hnclip.training.jobs import pretrain_spec
+from hnclip.config.registry import Registry, with_generator_digest
 
 validate_params(config)  # fails before any job starts, naming the bad key and the allowed values
 REG = Registry(config, validate=False)
@@ -16,10 +18,11 @@ EXECUTION = REG.profile["execution"]
 BACKBONE = REG.backbone_name()
 BACKBONE_SPEC = REG.backbone_spec()
 # The interpreter running Snakemake (the project's .venv) runs the jobs too: no PATH assumptions.
-CAPTION_GEOMETRY_TABLE = "tableA1"
+CAPTION_GEOMETRY_TABLE = REG.derived_table("caption_geometry")
+TIMING_TABLE = REG.derived_table("timing")
 # The HTML report (`snakemake --report`) groups tables and figures by the paper section they belong to.
-GEOMETRY_SECTION = "A.4 Statistics of the caption geometry"   # Table A1 (derived, not in params.yaml)
-TIMING_SECTION = "D Implementation details and computational analysis"   # Table A3
+GEOMETRY_SECTION = config["derived_tables"][CAPTION_GEOMETRY_TABLE]["section"]
+TIMING_SECTION = config["derived_tables"][TIMING_TABLE]["section"]
 HNCLIP = f"{shlex.quote(sys.executable)} -m hnclip --profile {PROFILE}"
 USES_GPU = 0 if EXECUTION["device"] == "cpu" else 1
 # Several GPUs per run: torchrun starts one process per GPU; losses gather features across them.
@@ -90,7 +93,7 @@ def figure_inputs(wildcards):
 
 def timing_inputs(wildcards):
     from hnclip.report.build import timing_runs
-    return [str(paths.run_record(run)) for run in timing_runs(REG).values() if run]
+    return [str(paths.run_record(run)) for run in timing_runs(REG, TIMING_TABLE).values() if run]
 
 
 def all_targets():
@@ -101,7 +104,7 @@ def all_targets():
     targets += [str(paths.stats(bench)) for bench in config["benchmarks"]]
     targets += [str(paths.table(CAPTION_GEOMETRY_TABLE, ext)) for ext in ("md", "tex", "csv")]
     targets.append(str(paths.overlap_report("vg", "urban1k")))
-    targets += [str(paths.table("tableA3", ext)) for ext in ("md", "csv")]
+    targets += [str(paths.table(TIMING_TABLE, ext)) for ext in ("md", "csv")]
     # The data-fraction subsets as records (training derives the same ids from the same seed).
     targets += [str(paths.subsets(DATA_ROOT, b["train"])) for b in config["benchmarks"].values()]
     return targets

@@ -41,11 +41,13 @@ rule timing_table:
     input:
         timing_inputs,
     output:
-        md=report("results/tables/tableA3.md", category=TIMING_SECTION, subcategory="Tables",
-                  labels={"table": "tableA3"}),
-        csv="results/tables/tableA3.csv",
-        provenance="results/tables/tableA3.provenance.json",
+        md=report(f"results/tables/{TIMING_TABLE}.md", category=TIMING_SECTION, subcategory="Tables",
+                  labels={"table": TIMING_TABLE}),
+        csv=f"results/tables/{TIMING_TABLE}.csv",
+        provenance=f"results/tables/{TIMING_TABLE}.provenance.json",
+    params:
+        spec=canonical_json(config["derived_tables"][TIMING_TABLE]),
     log:
-        f"logs/{PROFILE}/tables/tableA3.log",
+        f"logs/{PROFILE}/tables/{TIMING_TABLE}.log",
     shell:
-        f"{HNCLIP} table tableA3 > {{log}} 2>&1"
+        f"{HNCLIP} table {TIMING_TABLE} > {{log}} 2>&1"

@@ -14,7 +14,6 @@ then moved into place, and its marker in `extracted/.complete/` is written last.
 from __future__ import annotations
 
 import fnmatch
-import hashlib
 import logging
 import os
 import re
@@ -28,14 +27,15 @@ import zipfile
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
 
 import requests
 import urllib3.exceptions
 from tqdm import tqdm
 
-from ..io import read_json, sha256_file, write_json
-from .sources import Source, SourceFile, get_source, resolve_url
+from hnclip.data.sources import Source, SourceFile, get_source, resolve_url
+from hnclip.errors import UserError
+from hnclip.io import read_json, write_json
+from hnclip.provenance.hashing import hash_file, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ STREAM_CHUNK = 1 << 18   # network reads: a dropped connection loses at most the
 SUPPORTED_HASHES = ("sha256", "md5", "sha1")
 
 
-class DownloadError(RuntimeError):
+class DownloadError(UserError, RuntimeError):
     """A download or extraction that did not end in a verified file."""
 
 
@@ -85,16 +85,6 @@ def part_path(dest: Path) -> Path:
 
 def marker_path(dest: Path) -> Path:
     return dest.with_name(dest.name + ".complete")
-
-
-def hash_file(path: str | os.PathLike, algorithms: Iterable[str] = ("sha256",)) -> dict[str, str]:
-    """Several hashes of a file in one pass (the pinned algorithm plus sha256 for the manifests)."""
-    digests = {name: hashlib.new(name) for name in dict.fromkeys(algorithms)}
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(CHUNK), b""):
-            for digest in digests.values():
-                digest.update(block)
-    return {name: digest.hexdigest() for name, digest in digests.items()}
 
 
 def read_marker(dest: str | os.PathLike) -> dict | None:

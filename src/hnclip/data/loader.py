@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from .manifest import ManifestRow, read_manifest
+from hnclip.data.manifest import ManifestRow, read_manifest
 
 
 class PairDataset(torch.utils.data.Dataset):

@@ -13,12 +13,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..io import read_jsonl, write_jsonl
+from hnclip.errors import UserError
+from hnclip.io import read_jsonl, write_jsonl
 
 FIELDS = ("id", "image", "caption", "short_caption", "split", "source_sha256")
 
 
-class ManifestError(ValueError):
+class ManifestError(UserError, ValueError):
     pass
 
 

@@ -36,9 +36,9 @@ from typing import Iterable, NamedTuple
 import numpy as np
 from PIL import Image, ImageOps
 
-from .. import provenance
-from ..io import write_json
-from .manifest import ManifestRow, read_manifest, write_manifest
+from hnclip import provenance
+from hnclip.data.manifest import ManifestRow, read_manifest, write_manifest
+from hnclip.io import write_json
 
 DEFAULT_HASH_SIZE = 16       # 16 x 16 = 256 bits per image (see the module docstring)
 DCT_OVERSAMPLING = 4          # pHash's DCT runs on a thumbnail 4x the hash side, as in the usual pHash

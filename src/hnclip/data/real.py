@@ -22,11 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
-from ..io import read_json, read_jsonl
-from .download import recorded_sha256
-from .manifest import ManifestError, ManifestRow, write_manifest
-
-LONG_CONTEXT = 248  # Long-CLIP's text context, start and end tokens included
+from hnclip.config.constants import CONTEXT_LENGTH as LONG_CONTEXT
+from hnclip.data.download import recorded_sha256
+from hnclip.data.manifest import ManifestError, ManifestRow, write_manifest
+from hnclip.io import read_json, read_jsonl
 
 # The paper's Table A1 (#train, #test), keyed like params.yaml's datasets; Long-DCI is DCI's
 # "test_long" split, and Urban-1K's training set (14,579) is VG paragraphs' train split.

@@ -33,8 +33,8 @@ import numpy as np
 import PIL
 from PIL import Image
 
-from ..io import canonical_json, sha256_bytes
-from .manifest import ManifestRow, write_manifest
+from hnclip.data.manifest import ManifestRow, write_manifest
+from hnclip.provenance.hashing import json_sha256, sha256_bytes
 
 GENERATOR_VERSION = 2  # bump whenever output bytes change for the same arguments
 
@@ -709,4 +709,4 @@ def dataset_fingerprint(variant: str, sizes: dict[str, int], seed: int, image_si
         # PNG bytes depend on Pillow and zlib, random streams on numpy
         "libraries": {"numpy": np.__version__, "pillow": PIL.__version__, "zlib": zlib.ZLIB_RUNTIME_VERSION},
     }
-    return {**described, "digest": sha256_bytes(canonical_json(described).encode("utf-8"))}
+    return {**described, "digest": json_sha256(described)}

@@ -1,8 +1,18 @@
 """Training objectives in open_clip's ClipLoss style: global InfoNCE / HN margins, the FILIP
 token-level term, and exact large-batch (GradCache) computation of either global loss."""
-from .contrastive import ContrastiveLoss, HNClipLoss, hn_loss, infonce_loss, margin_matrix
-from .gradcache import GradCache, gradcache_backward, split_micro_batches
-from .token import TokenAlignmentLoss, late_interaction_similarities, token_alignment_loss
+from hnclip.losses.contrastive import (
+           ContrastiveLoss,
+           HNClipLoss,
+           hn_loss,
+           infonce_loss,
+           margin_matrix,
+)
+from hnclip.losses.gradcache import GradCache, gradcache_backward, split_micro_batches
+from hnclip.losses.token import (
+           TokenAlignmentLoss,
+           late_interaction_similarities,
+           token_alignment_loss,
+)
 
 __all__ = ["ContrastiveLoss", "HNClipLoss", "hn_loss", "infonce_loss", "margin_matrix",
            "TokenAlignmentLoss", "late_interaction_similarities", "token_alignment_loss",

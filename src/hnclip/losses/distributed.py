@@ -23,8 +23,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .contrastive import hn_loss, infonce_loss
-from .token import token_alignment_loss
+from hnclip.losses.contrastive import hn_loss, infonce_loss
+from hnclip.losses.token import token_alignment_loss
 
 
 def is_distributed() -> bool:

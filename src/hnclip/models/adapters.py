@@ -25,14 +25,22 @@ import torch
 import torch.nn.functional as F
 from open_clip.model import CLIP
 from open_clip.transformer import Attention, QuickGELU
-from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+from peft import (
+    LoraConfig,
+    PeftModel,
+    get_peft_model,
+    get_peft_model_state_dict,
+    set_peft_model_state_dict,
+)
 from torch import nn
 
-from .longclip import OpenAIArchitecture, build_clip, infer_architecture, load_state_dict_strictly
-
-ADAPTER_KINDS = ("lora", "dora")
-DEFAULT_RANK = 16  # the paper's r
-ALPHA_PER_RANK = 2  # alpha = 2r: the paper gives no alpha; 2r is the common convention (scaling 2)
+from hnclip.config.constants import ADAPTER_FRAMEWORKS, DEFAULT_ADAPTER
+from hnclip.models.longclip import (
+    OpenAIArchitecture,
+    build_clip,
+    infer_architecture,
+    load_state_dict_strictly,
+)
 
 _LAYERS = r"\.resblocks\.\d+\.(attn\.(q_proj|k_proj|v_proj|out_proj)|mlp\.(c_fc|c_proj))"
 TARGETS = {  # peft regex (full match against module names)
@@ -213,18 +221,19 @@ def prepare_for_adapters(model: CLIP) -> CLIP:
 # Adapters
 # ---------------------------------------------------------------------------------------------
 
-def apply_adapters(model: CLIP, kind: str, r: int = DEFAULT_RANK, alpha: float | None = None,
-                   dropout: float = 0.0, target: str | list[str] = "both") -> PeftModel:
+def apply_adapters(model: CLIP, kind: str, r: int = DEFAULT_ADAPTER["r"], alpha: float = DEFAULT_ADAPTER["alpha"],
+                   dropout: float = DEFAULT_ADAPTER["dropout"], target: str | list[str] = DEFAULT_ADAPTER["target"]
+                   ) -> PeftModel:
     """Wrap `model` (not modified) with LoRA or DoRA adapters; only adapter weights are trainable.
 
     target: "both" | "text" | "vision" (q/k/v/out + MLP Linears of every block of those towers), or
-    a peft `target_modules` regex / list of names. alpha defaults to 2r (see ALPHA_PER_RANK).
+    a peft `target_modules` regex / list of names. Defaults: `hnclip.config.constants.DEFAULT_ADAPTER`.
     """
-    if kind not in ADAPTER_KINDS:
-        raise ValueError(f"unknown adapter kind {kind!r}; expected one of {ADAPTER_KINDS}")
+    if kind not in ADAPTER_FRAMEWORKS:
+        raise ValueError(f"unknown adapter kind {kind!r}; expected one of {ADAPTER_FRAMEWORKS}")
     config = LoraConfig(
         r=r,
-        lora_alpha=ALPHA_PER_RANK * r if alpha is None else alpha,
+        lora_alpha=alpha,
         lora_dropout=dropout,
         target_modules=TARGETS.get(target, target) if isinstance(target, str) else list(target),
         use_dora=kind == "dora",

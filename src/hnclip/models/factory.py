@@ -8,8 +8,9 @@ from typing import Any
 import open_clip
 import torch
 
+from hnclip.config.constants import CONTEXT_LENGTH
+
 CONFIG_DIR = Path(__file__).parent / "configs"
-CONTEXT_LENGTH = 248
 _registered = False
 
 
@@ -38,7 +39,7 @@ def create(model_config: str) -> Backbone:
 
 
 def save_weights(model: torch.nn.Module, model_config: str, path: str | Path) -> None:
-    from ..io import atomic_path
+    from hnclip.io import atomic_path
     with atomic_path(path) as tmp:
         torch.save({"model_config": model_config, "state_dict": model.state_dict()}, tmp)
 
@@ -53,7 +54,9 @@ def load_weights(path: str | Path) -> Backbone:
 
 def load_backbone(kind: str, path: str | Path, model_config: str) -> Backbone:
     if kind == "longclip":
-        from .longclip import load_longclip  # the real Long-CLIP-L checkpoint (paper profile)
+        from hnclip.models.longclip import (
+            load_longclip,  # the real Long-CLIP-L checkpoint (paper profile)
+        )
         loaded = load_longclip(path)
         return Backbone(loaded.model, loaded.preprocess, loaded.tokenizer)
     if kind == "scratch":

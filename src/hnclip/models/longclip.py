@@ -16,7 +16,6 @@ unexpected or mis-shaped key raises `CheckpointMismatchError` naming every offen
 """
 from __future__ import annotations
 
-import hashlib
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +26,9 @@ from open_clip.model import CLIP
 from open_clip.tokenizer import SimpleTokenizer
 from open_clip.transform import image_transform
 
-from ..device import resolve_device
+from hnclip.data.download import recorded_sha256
+from hnclip.errors import UserError
+from hnclip.runtime.device import resolve_device
 
 # sha256 of the released longclip-L.pt (HF LFS pointer; the data layer's source table pins it too).
 LONGCLIP_L_SHA256 = "60c077e512cd95ca9fe7b13285e4e2c99073f8d6df7113eb6d2979919db397b2"
@@ -44,7 +45,7 @@ PE_KEY = "positional_embedding"
 PE_RES_KEY = "positional_embedding_res"
 
 
-class CheckpointMismatchError(ValueError):
+class CheckpointMismatchError(UserError, ValueError):
     """A state dict does not match the model it is loaded into; lists every offending key."""
 
     def __init__(self, missing=(), unexpected=(), mismatched=(), context: str = ""):
@@ -59,7 +60,7 @@ class CheckpointMismatchError(ValueError):
         super().__init__("\n".join(lines))
 
 
-class ChecksumMismatchError(ValueError):
+class ChecksumMismatchError(UserError, ValueError):
     """A checkpoint file's sha256 differs from the pinned one."""
 
 
@@ -256,17 +257,9 @@ def build_open_clip_from_openai_state_dict(state_dict: Mapping[str, torch.Tensor
 # Files
 # ---------------------------------------------------------------------------------------------
 
-def sha256_file(path: str | Path, chunk_size: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(chunk_size), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def verify_sha256(path: str | Path, expected_sha256: str | None, verify_hash: bool = True) -> str:
     """Return the file's sha256; raise on a mismatch with `expected_sha256` unless verify_hash=False."""
-    actual = sha256_file(path)
+    actual = recorded_sha256(path)  # the download's .complete marker, while the file is unchanged
     if expected_sha256 is not None and actual != expected_sha256.lower():
         message = f"{path}: sha256 {actual} != expected {expected_sha256}"
         if verify_hash:
@@ -308,7 +301,7 @@ class LongCLIP:
     sha256: str
 
 
-def load_longclip(path: str | Path, device: str | torch.device = "cpu",  # "auto" allowed (hnclip.device)
+def load_longclip(path: str | Path, device: str | torch.device = "cpu",  # "auto" allowed (hnclip.runtime.device)
                   expected_sha256: str | None = LONGCLIP_L_SHA256, verify_hash: bool = True,
                   head_width: int = OPENAI_HEAD_WIDTH) -> LongCLIP:
     """Load a Long-CLIP checkpoint (released layout, with `positional_embedding_res`) into open_clip.

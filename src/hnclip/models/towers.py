@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-PAD_ID = 0  # open_clip's SimpleTokenizer pads with 0
+from hnclip.config.constants import PAD_ID
 
 
 @dataclass
@@ -25,7 +25,8 @@ class Encoded:
 
 
 def trim_padding(tokens: torch.Tensor) -> torch.Tensor:
-    length = int((tokens != PAD_ID).sum(dim=1).max().item())
+    # up to the last EOT (the highest id): a caption may contain id 0 (BPE '!') before its EOT
+    length = int(tokens.argmax(dim=-1).max().item()) + 1
     return tokens[:, : max(length, 1)]
 
 

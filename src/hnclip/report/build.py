@@ -4,10 +4,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from .. import paths, provenance
-from ..io import write_json, write_text
-from ..registry import TRAINED_FRAMEWORKS, Registry
-from . import tables
+from hnclip import provenance
+from hnclip.config import paths
+from hnclip.config.registry import TRAINED_FRAMEWORKS, Registry
+from hnclip.io import write_json, write_text
+from hnclip.report import tables
 
 
 def _records(frame) -> list[dict]:
@@ -37,10 +38,10 @@ def build_table(reg: Registry, table: str) -> list[Path]:
     return written + [record_path]
 
 
-def build_caption_geometry_table(reg: Registry) -> list[Path]:
+def build_caption_geometry_table(reg: Registry, table: str = "tableA1") -> list[Path]:
     """Table A1 from the benchmarks' caption statistics and their training-set sizes."""
-    from ..data.manifest import read_manifest
-    from . import geometry
+    from hnclip.data.manifest import read_manifest
+    from hnclip.report import geometry
     started = time.time()
     benchmarks = reg.params["benchmarks"]
     stats = geometry.load_stats(benchmarks)
@@ -53,58 +54,55 @@ def build_caption_geometry_table(reg: Registry) -> list[Path]:
         "table", inputs={**{f"stats:{b}": paths.stats(b) for b in benchmarks},
                          **{f"train_manifest:{b}": p for b, p in train_manifests.items()}},
         params={"profile": reg.profile_name}, wall_time_s=time.time() - started,
-        extra={"table": geometry.TABLE, "outputs": {str(p): provenance.file_sha256(p) for p in written}})
-    record_path = paths.table(geometry.TABLE, "provenance.json")
+        extra={"table": table, "outputs": {str(p): provenance.file_sha256(p) for p in written}})
+    record_path = paths.table(table, "provenance.json")
     write_json(record_path, record)
     return written + [record_path]
 
 
-TIMING_TABLE = "tableA3"
-TIMING_ROWS = {"longclip_ft": "longclip_ft", "finelip": "finelip", "goal": "goal", "structxlip": "structxlip",
-               "hn_clip": "hn_clip"}  # paper row -> method
-TIMING_TRAIN_SET = "dci"
-
-
-def timing_runs(reg: Registry) -> dict[str, str | None]:
-    """Paper Table A3's rows -> the planned run (on DCI, first seed) whose training record gives its
-    time; None for frameworks not implemented and for runs no table asks for."""
+def timing_runs(reg: Registry, table: str = "tableA3") -> dict[str, str | None]:
+    """A timing table's rows -> the planned run (on its training set, first seed) whose training
+    record gives its time; None for frameworks not implemented and for runs no table asks for."""
+    spec = reg.params["derived_tables"][table]
     out = {}
-    for row, method in TIMING_ROWS.items():
-        recipe = reg.params["methods"][method]
+    for row in spec["rows"]:
+        recipe = reg.params["methods"][row["method"]]
         run_id = None
         if recipe["framework"] in TRAINED_FRAMEWORKS:
-            run = reg.run_spec(TIMING_TRAIN_SET, recipe, reg.profile["seeds"][0], register=False)
+            run = reg.run_spec(spec["train"], recipe, reg.profile["seeds"][0], register=False)
             run_id = run.run_id if run.run_id in reg.runs() else None
-        out[row] = run_id
+        out[row["key"]] = run_id
     return out
 
 
-def build_timing_table(reg: Registry) -> list[Path]:
+def build_timing_table(reg: Registry, table: str = "tableA3") -> list[Path]:
     """Table A3: training wall-clock and images/s per method, read from the training records."""
     import pandas as pd
 
-    from ..io import read_json
-    from .paper_reference import paper_table
+    from hnclip.io import read_json
+    from hnclip.report.paper_reference import paper_table
     started = time.time()
     rows, inputs = [], {}
-    paper = paper_table(TIMING_TABLE).set_index(["row", "metric"])["value"]
-    for row, run_id in timing_runs(reg).items():
+    spec = reg.params["derived_tables"][table]
+    methods = {row["key"]: row["method"] for row in spec["rows"]}
+    paper = paper_table(table).set_index(["row", "metric"])["value"]
+    for row, run_id in timing_runs(reg, table).items():
         record = read_json(paths.run_record(run_id)) if run_id else None
         if record:
             inputs[row] = paths.run_record(run_id)
         measured = {"wall_clock_min": record["wall_time_s"] / 60 if record else None,
                     "throughput_img_s": record["images_per_second"] if record else None}
-        implemented = reg.params["methods"][TIMING_ROWS[row]]["framework"] in TRAINED_FRAMEWORKS
+        implemented = reg.params["methods"][methods[row]]["framework"] in TRAINED_FRAMEWORKS
         status = "ok" if record else ("not planned by any table" if implemented else "not implemented yet")
         for metric, value in measured.items():
-            rows.append({"table": TIMING_TABLE, "row": row, "metric": metric, "run_id": run_id, "status": status,
+            rows.append({"table": table, "row": row, "metric": metric, "run_id": run_id, "status": status,
                          "ours": value, "paper": paper.get((row, metric)),
                          "device": record["device"]["type"] if record else None,
                          "resumed": bool(record and record.get("resumed_from_step"))})
     frame = pd.DataFrame(rows)
-    outputs = {ext: paths.table(TIMING_TABLE, ext) for ext in ("csv", "md")}
+    outputs = {ext: paths.table(table, ext) for ext in ("csv", "md")}
     write_text(outputs["csv"], frame.to_csv(index=False))
-    lines = [f"# Table A3: training cost per method (DCI, {reg.profile_name} profile)", "",
+    lines = [f"# {spec['title']} ({spec['train']}, {reg.profile_name} profile)", "",
              "Wall-clock of the training job and images/s over it (including per-epoch evaluation), from each "
              "run's training record. Different hardware from the paper's (Ascend 910B): compare ratios, not values.",
              "", "| method | wall-clock (min) | images/s | paper wall-clock (min) | paper images/s | device |",
@@ -120,8 +118,8 @@ def build_timing_table(reg: Registry) -> list[Path]:
     write_text(outputs["md"], "\n".join(lines) + "\n")
     record = provenance.record("table", inputs=inputs, params={"profile": reg.profile_name},
                                wall_time_s=time.time() - started,
-                               extra={"table": TIMING_TABLE, "cells": _records(frame),
+                               extra={"table": table, "cells": _records(frame),
                                       "outputs": {str(p): provenance.file_sha256(p) for p in outputs.values()}})
-    record_path = paths.table(TIMING_TABLE, "provenance.json")
+    record_path = paths.table(table, "provenance.json")
     write_json(record_path, record)
     return list(outputs.values()) + [record_path]

@@ -9,7 +9,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from .geometry import save_figure  # noqa: E402
+from hnclip.report.geometry import save_figure  # noqa: E402
 
 
 def gamma_sweep(frame: pd.DataFrame, benchmark_labels: dict[str, str], out_stem: Path, profile: str) -> list[Path]:
@@ -39,8 +39,8 @@ def gamma_sweep(frame: pd.DataFrame, benchmark_labels: dict[str, str], out_stem:
 # ---- figures from per-epoch evaluation records ---------------------------------------------------
 def _per_epoch(cell, direction: str | None) -> dict[int, float]:
     """Epoch -> R@1 (one direction, or the mean of both) of one cell, epoch 0 = before fine-tuning."""
-    from .. import paths
-    from ..io import read_json
+    from hnclip.config import paths
+    from hnclip.io import read_json
     record = read_json(paths.evaluation(cell.run_id, cell.benchmark))
 
     def r1(metrics):
@@ -86,7 +86,7 @@ def convergence(reg, spec: dict, out_stem: Path, by_direction: bool = False) -> 
 def sample_efficiency(reg, spec: dict, out_stem: Path) -> list[Path]:
     """Paper Fig. 6: mean R@1 against the training fraction (identical nested subsets), reproduced
     beside the paper's Table A9 values."""
-    from .paper_reference import paper_table
+    from hnclip.report.paper_reference import paper_table
     table = spec["table"]
     cells = [c for c in reg.cells(table) if c.run_id]
     paper = paper_table(table)
@@ -125,8 +125,8 @@ CLAMP = 1e-10  # exact zeros are plotted clamped, as in the paper
 
 
 def _probe_records(run_id: str) -> list[dict]:
-    from .. import paths
-    from ..io import read_jsonl
+    from hnclip.config import paths
+    from hnclip.io import read_jsonl
     path = paths.run_dir(run_id) / "grad_probe.jsonl"
     return read_jsonl(path) if path.exists() else []
 
@@ -191,7 +191,7 @@ def gradient_dynamics_grid(reg, spec: dict, out_stem: Path) -> list[Path]:
 def gamma_sweep_figure(reg, spec: dict, out_stem: Path) -> list[Path]:
     import pandas as pd
 
-    from .. import paths
+    from hnclip.config import paths
     frame = pd.read_csv(paths.table(spec["table"], "csv"))
     labels = {name: b["label"] for name, b in reg.params["benchmarks"].items()}
     return gamma_sweep(frame, labels, out_stem, reg.profile_name)
@@ -200,7 +200,7 @@ def gamma_sweep_figure(reg, spec: dict, out_stem: Path) -> list[Path]:
 def _geometry(name: str):
     """Caption-geometry figures (Figs. 1, A5, A6) from the benchmarks' results/stats records."""
     def draw_geometry(reg, spec: dict, out_stem: Path) -> list[Path]:
-        from . import geometry
+        from hnclip.report import geometry
         labels = {b: s["label"] for b, s in reg.params["benchmarks"].items()}
         return geometry.FIGURES[name](geometry.load_stats(reg.params["benchmarks"]), labels, out_stem)
     return draw_geometry
@@ -220,6 +220,6 @@ FIGURE_KINDS = {
 
 
 def draw(reg, name: str) -> list[Path]:
-    from .. import paths
+    from hnclip.config import paths
     spec = reg.params["figures"][name]
     return FIGURE_KINDS[spec["kind"]](reg, spec, paths.figure(name, "png").with_suffix(""))

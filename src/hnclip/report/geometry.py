@@ -1,6 +1,6 @@
 """Caption-geometry report: paper Table A1 and Figs. 1, A5, A6 from the per-benchmark stats records.
 
-Input everywhere is ``stats``: {benchmark: the JSON written by ``hnclip.stats.caption_statistics``
+Input everywhere is ``stats``: {benchmark: the JSON written by ``hnclip.steps.stats.caption_statistics``
 (``results/stats/<benchmark>.json``)} and ``labels``: {benchmark: printed name}. Benchmarks are drawn in
 ``labels`` order, then any others in ``stats`` order. The records only see the test split, so Table A1's
 #train comes in separately (``train_counts``).
@@ -23,8 +23,8 @@ import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
-from .. import paths  # noqa: E402
-from ..io import atomic_path, read_json, write_text  # noqa: E402
+from hnclip.config import paths  # noqa: E402
+from hnclip.io import atomic_path, read_json, write_text  # noqa: E402
 
 TABLE = "tableA1"
 PAPER_ENCODER = "Long-CLIP-L"
@@ -68,7 +68,7 @@ def _encoder(stats: dict[str, dict]) -> str:
 
 
 def _paper_a1() -> pd.DataFrame:
-    from .paper_reference import paper_table
+    from hnclip.report.paper_reference import paper_table
     return paper_table(TABLE)[["benchmark", "metric", "value"]].rename(columns={"value": "paper"})
 
 

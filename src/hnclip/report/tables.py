@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .. import paths
-from ..io import read_json
-from ..registry import NOT_IMPLEMENTED, Registry
+from hnclip.config import paths
+from hnclip.config.registry import NOT_IMPLEMENTED, Registry
+from hnclip.io import read_json
 
 DIRECTION_LABELS = {"t2i": "T→I", "i2t": "I→T"}
 DIRECTION_LATEX = {"t2i": r"T$\to$I", "i2t": r"I$\to$T"}
@@ -52,7 +52,7 @@ def canonical_row(row: str) -> str:
 
 
 def _paper_values(table: str) -> pd.DataFrame | None:
-    from .paper_reference import paper_table, table_names
+    from hnclip.report.paper_reference import paper_table, table_names
     if table not in table_names():
         return None
     paper = paper_table(table)

@@ -26,7 +26,7 @@ from typing import Iterable, Iterator
 import torch
 import torch.distributed as dist
 
-from ..device import parse_device, resolve_device
+from hnclip.runtime.device import parse_device, resolve_device
 
 BACKENDS = {"cuda": "nccl", "npu": "hccl", "cpu": "gloo"}
 # Rank 0 evaluates alone at epoch ends while the other ranks wait in a collective.

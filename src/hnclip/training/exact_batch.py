@@ -16,9 +16,15 @@ import contextlib
 
 import torch
 
-from ..losses import gradcache_backward
-from ..models.towers import encode_batch
-from .objective import Autocast, contrastive_terms, frozen_margin_features, token_term, trained_term
+from hnclip.losses import gradcache_backward
+from hnclip.models.towers import encode_batch
+from hnclip.training.objective import (
+    Autocast,
+    contrastive_terms,
+    frozen_margin_features,
+    token_term,
+    trained_term,
+)
 
 MicroBatch = tuple[torch.Tensor, torch.Tensor]  # (images, tokens), on the device
 

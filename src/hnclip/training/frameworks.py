@@ -9,27 +9,14 @@ code loads it with `hnclip.models.factory.load_weights` like any full fine-tune.
 """
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-FRAMEWORKS = ("full", "lora", "dora")
-DEFAULT_ADAPTER = {"r": 16, "alpha": 32, "dropout": 0.0, "target": "both"}
-
-
-def weights_digest(model: torch.nn.Module) -> str:
-    """sha256 over the raw bytes of the state dict, in key order: names the exact weights."""
-    return state_dict_digest(model.state_dict())
-
-
-def state_dict_digest(state_dict: dict) -> str:
-    digest = hashlib.sha256()
-    for key, tensor in state_dict.items():
-        digest.update(key.encode())
-        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
+from hnclip.config.constants import DEFAULT_ADAPTER, TRAINED_FRAMEWORKS
+from hnclip.errors import StaleArtifactError
+from hnclip.provenance.hashing import weights_digest
 
 
 @dataclass
@@ -41,11 +28,13 @@ class TrainedModel:
     @classmethod
     def build(cls, base: torch.nn.Module, framework: str, adapter: dict | None = None) -> "TrainedModel":
         """`base` as loaded (and logit-scale reset); for lora/dora it is wrapped, not modified."""
-        if framework not in FRAMEWORKS:
-            raise ValueError(f"unknown framework {framework!r}; this trainer supports {FRAMEWORKS}")
+        if framework not in TRAINED_FRAMEWORKS:
+            raise ValueError(f"unknown framework {framework!r}; this trainer supports {TRAINED_FRAMEWORKS}")
         if framework == "full":
             return cls(framework, base)
-        from ..models.adapters import apply_adapters  # peft is only needed for adapter runs
+        from hnclip.models.adapters import (
+            apply_adapters,  # peft is only needed for adapter runs
+        )
         settings = {**DEFAULT_ADAPTER, **(adapter or {})}
         module = apply_adapters(base, framework, r=settings["r"], alpha=settings["alpha"],
                                 dropout=settings["dropout"], target=settings["target"])
@@ -62,16 +51,16 @@ class TrainedModel:
     def checkpoint_state(self) -> dict:
         if not self.uses_adapters:
             return {"model": self.module.state_dict()}
-        from ..models.adapters import adapter_state_dict
+        from hnclip.models.adapters import adapter_state_dict
         return {"adapter": adapter_state_dict(self.module), "base_weights_sha256": self.base_weights_sha256}
 
     def restore(self, payload: dict, path: Path) -> None:
         if not self.uses_adapters:
             self.module.load_state_dict(payload["model"])
             return
-        from ..models.adapters import load_adapter_state_dict
+        from hnclip.models.adapters import load_adapter_state_dict
         if payload.get("base_weights_sha256") != self.base_weights_sha256:
-            raise RuntimeError(f"{path} holds adapters trained on different base weights than the init weights "
+            raise StaleArtifactError(f"{path} holds adapters trained on different base weights than the init weights "
                                f"loaded now; delete {path.parent} to start this run afresh")
         load_adapter_state_dict(self.module, payload["adapter"])
 
@@ -81,5 +70,5 @@ class TrainedModel:
         (no copy), a merged copy for adapter runs (the adapters keep training)."""
         if not self.uses_adapters:
             return self.module
-        from ..models.adapters import merge_adapters
+        from hnclip.models.adapters import merge_adapters
         return merge_adapters(self.module)

@@ -12,9 +12,9 @@ from typing import Callable, ContextManager
 
 import torch
 
-from ..losses import hn_loss, infonce_loss
-from ..losses.distributed import gather_features, global_token_alignment_loss
-from ..models.towers import Encoded, encode_batch, encode_text
+from hnclip.losses import hn_loss, infonce_loss
+from hnclip.losses.distributed import gather_features, global_token_alignment_loss
+from hnclip.models.towers import Encoded, encode_batch, encode_text
 
 TOKEN_LOSS_CHUNK = 16  # captions per chunk of the token-level term: bounds its memory at paper scale
 Autocast = Callable[[], ContextManager]  # a fresh precision context per forward

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..losses.contrastive import _symmetric_cross_entropy, margin_matrix
-from ..losses.distributed import gather_features
-from ..models.towers import encode_batch
-from .distributed import Distributed, average_tensors
-from .objective import Autocast, as_float32, frozen_margin_features
+from hnclip.losses.contrastive import _symmetric_cross_entropy, margin_matrix
+from hnclip.losses.distributed import gather_features
+from hnclip.models.towers import encode_batch
+from hnclip.training.distributed import Distributed, average_tensors
+from hnclip.training.objective import Autocast, as_float32, frozen_margin_features
 
 DEFAULT_PROBE_GAMMA = 0.5  # paper default, for probing runs trained with plain InfoNCE
 

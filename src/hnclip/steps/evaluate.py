@@ -1,7 +1,7 @@
 """What `hnclip evaluate` writes: results/evals/<run>/<benchmark>.json, best and last epoch.
 
 A trained run is evaluated on its in-domain benchmarks after every epoch while it trains (with
-the same `hnclip.evaluate` code, on the exported weights of that epoch), and its training job
+the same `hnclip.evaluation.retrieval` code, on the exported weights of that epoch), and its training job
 checks that the saved model.pt holds exactly the last epoch's weights. This job therefore only
 selects from the training record, after checking that model.pt is still the file the record
 names and that the record was evaluated with today's evaluation settings: no model is loaded.
@@ -12,33 +12,21 @@ from __future__ import annotations
 
 import time
 
-from . import paths, provenance
-from .io import read_json, write_json
-
-
-def mean_r1(metrics: dict) -> float:
-    return (metrics["t2i"]["R@1"] + metrics["i2t"]["R@1"]) / 2
-
-
-def select_epochs(history: list[dict], benchmark: str) -> dict:
-    """Best (highest mean R@1, earliest on ties) and last epoch of one benchmark's per-epoch metrics."""
-    scored = [(h["epoch"], h["eval"][benchmark]) for h in history if benchmark in h.get("eval", {})]
-    if not scored:
-        raise KeyError(f"no per-epoch evaluation of {benchmark!r} recorded in this run")
-    best_epoch, best = max(scored, key=lambda item: (mean_r1(item[1]), -item[0]))
-    last_epoch, last = scored[-1]
-    return {"best": {"epoch": best_epoch, "metrics": best}, "last": {"epoch": last_epoch, "metrics": last},
-            "per_epoch": [{"epoch": e, "metrics": m} for e, m in scored]}
+from hnclip import provenance
+from hnclip.config import paths
+from hnclip.errors import StaleArtifactError
+from hnclip.evaluation.selection import select_epochs
+from hnclip.io import read_json, write_json
 
 
 def _encode_and_score(reg, backbone, manifest) -> dict:
     """Recall@K of `backbone` on a test manifest, in fp32 on the profile's device (a GPU slot)."""
     import torch
 
-    from .data.loader import PairDataset
-    from .device import resolve_device
-    from .evaluate import evaluate_model
-    from .gpu_slots import acquire_slot
+    from hnclip.data.loader import PairDataset
+    from hnclip.evaluation.retrieval import evaluate_model
+    from hnclip.runtime.device import resolve_device
+    from hnclip.runtime.gpu_slots import acquire_slot
     execution, evaluation = reg.profile["execution"], reg.params["evaluation"]
     torch.set_num_threads(execution["threads"])
     dataset = PairDataset.from_manifest(manifest, backbone.preprocess, backbone.tokenizer)
@@ -52,11 +40,11 @@ def _checked_train_record(reg, run_id: str) -> dict:
     record_path, weights = paths.run_record(run_id), paths.run_model(run_id)
     record = read_json(record_path)
     if provenance.file_sha256(weights) != record["outputs"]["model"]["sha256"]:
-        raise RuntimeError(f"{weights} does not match the sha256 its training record ({record_path}) "
+        raise StaleArtifactError(f"{weights} does not match the sha256 its training record ({record_path}) "
                            f"gives: the checkpoint was replaced; retrain {run_id}")
     recorded = (record.get("params") or {}).get("evaluation")
     if recorded is not None and recorded != reg.params["evaluation"]:
-        raise RuntimeError(f"{run_id} was evaluated during training with evaluation settings {recorded}, "
+        raise StaleArtifactError(f"{run_id} was evaluated during training with evaluation settings {recorded}, "
                            f"but params.yaml now has {reg.params['evaluation']}: retrain it "
                            f"(`snakemake` reruns it, since these settings are a parameter of its job)")
     return record
@@ -67,7 +55,7 @@ def evaluate_run(reg, run_id: str, benchmark: str):
     started = time.time()
     manifest = reg.test_manifest(benchmark)
     if reg.is_zeroshot(run_id):
-        from .models.factory import load_backbone
+        from hnclip.models.factory import load_backbone
         spec = reg.backbone_spec()
         weights = paths.backbone_weights(reg.backbone_name(), spec["kind"], reg.profile["data_root"])
         metrics = _encode_and_score(reg, load_backbone(spec["kind"], weights, spec["model_config"]), manifest)
@@ -96,9 +84,9 @@ def _select(reg, record: dict, benchmark: str) -> dict:
     final = history[-1]
     initial = record.get("initial_eval", {}).get(benchmark)
     try:
-        chosen = select_epochs(history, benchmark)
+        chosen = select_epochs(history, benchmark, reg.params["evaluation"]["selection_metric"])
     except KeyError:  # a transfer benchmark: not evaluated every epoch, so the final weights are encoded
-        from .models.factory import load_weights
+        from hnclip.models.factory import load_weights
         metrics = _encode_and_score(reg, load_weights(paths.run_model(record["run_id"])), reg.test_manifest(benchmark))
         last = {"epoch": final["epoch"], "metrics": metrics, "weights_sha256": final["weights_sha256"]}
         return {"last": last, "initial": initial, "best": {**last, "note": "not evaluated every epoch; best = last"},

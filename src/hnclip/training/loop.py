@@ -28,23 +28,26 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from . import provenance
-from .data.loader import PairDataset, subset_indices
-from .device import AUTOCAST_DEVICE_TYPES, autocast_context
-from .evaluate import evaluate_model
-from .io import atomic_path, write_json, write_jsonl
-from .models.factory import load_backbone, save_weights
-from .training.distributed import Distributed, distributed_session
-from .training.exact_batch import exact_batch_backward
-from .training.frameworks import TrainedModel, state_dict_digest, weights_digest
-from .training.objective import TOKEN_LOSS_CHUNK, loss_terms  # noqa: F401 - part of this module's API
-from .training.probe import GradientProbe, probe_summary
+from hnclip import provenance
+from hnclip.data.loader import PairDataset, subset_indices
+from hnclip.errors import UserError
+from hnclip.evaluation.retrieval import evaluate_model
+from hnclip.io import write_json, write_jsonl
+from hnclip.models.factory import load_backbone, save_weights
+from hnclip.provenance.hashing import state_dict_digest, weights_digest
+from hnclip.runtime.device import AUTOCAST_DEVICE_TYPES, autocast_context
+from hnclip.training.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
+from hnclip.training.distributed import Distributed, distributed_session
+from hnclip.training.exact_batch import exact_batch_backward
+from hnclip.training.frameworks import TrainedModel
+from hnclip.training.objective import TOKEN_LOSS_CHUNK, loss_terms  # noqa: F401 - part of this module's API
+from hnclip.training.probe import GradientProbe, probe_summary
 
 SATURATION_THRESHOLD = 1e-3
 LOSS_TERMS = ("infonce", "hn", "tok", "total")
 
 
-class NonFiniteLossError(RuntimeError):
+class NonFiniteLossError(UserError, RuntimeError):
     pass
 
 
@@ -121,33 +124,6 @@ def effective_precision(device: torch.device, requested: str) -> str:
     return "bf16" if requested == "bf16" and device.type in AUTOCAST_DEVICE_TYPES else "fp32"
 
 
-# ---- checkpoints -------------------------------------------------------------------------------
-def _checkpoint_path(job: TrainJob) -> Path:
-    return job.checkpoint_dir / "last.pt"
-
-
-def save_checkpoint(job: TrainJob, trained: TrainedModel, optimizer, state: dict) -> None:
-    """Full runs store the model; adapter runs only the adapters (the frozen base is re-loaded)."""
-    payload = {"spec_hash": job.spec_hash, **trained.checkpoint_state(), "optimizer": optimizer.state_dict(),
-               "state": state, "rng": torch.get_rng_state()}
-    with atomic_path(_checkpoint_path(job)) as tmp:
-        torch.save(payload, tmp)
-
-
-def load_checkpoint(job: TrainJob, trained: TrainedModel, optimizer) -> dict | None:
-    path = _checkpoint_path(job)
-    if not path.exists():
-        return None
-    payload = torch.load(path, map_location="cpu", weights_only=True)
-    if payload["spec_hash"] != job.spec_hash:
-        raise RuntimeError(f"{path} belongs to a different run spec ({payload['spec_hash'][:8]} != "
-                           f"{job.spec_hash[:8]}); delete {job.checkpoint_dir} to start this run afresh")
-    trained.restore(payload, path)
-    optimizer.load_state_dict(payload["optimizer"])
-    torch.set_rng_state(payload["rng"])
-    return payload["state"]
-
-
 def _fresh_state() -> dict:
     return {"epoch": 0, "group": 0, "step": 0, "history": [], "steps": [], "epoch_records": [], "grad_probe": []}
 
@@ -158,7 +134,7 @@ def _require_finite(values: dict, job: TrainJob, epoch: int, step: int) -> None:
         raise NonFiniteLossError(
             f"{job.run_id}: non-finite loss at epoch {epoch + 1}, optimizer step {step + 1} "
             f"({values}); no update was applied and the last good checkpoint "
-            f"({_checkpoint_path(job)}, step {step}) is kept. Lower the learning rate or "
+            f"({checkpoint_path(job.checkpoint_dir)}, step {step}) is kept. Lower the learning rate or "
             f"check the data, then rerun to resume from it.")
 
 
@@ -272,7 +248,7 @@ def _train(job: TrainJob, distributed: Distributed) -> dict:
     exact = bool(recipe.get("exact_batch", False))
     probe = GradientProbe.from_settings(execution, objective)
 
-    state = load_checkpoint(job, trained, optimizer) or _fresh_state()
+    state = load_checkpoint(job.checkpoint_dir, job.spec_hash, trained, optimizer) or _fresh_state()
     state.setdefault("grad_probe", [])
     resumed_from = state["step"] if state["step"] else None
     if main and "initial_eval" not in state:  # the starting point (zero-shot init), for "does fine-tuning help?"
@@ -306,7 +282,7 @@ def _train(job: TrainJob, distributed: Distributed) -> dict:
             progress.update(1)
             progress.set_postfix(loss=f"{records[-1]['total']:.3g}", refresh=False)
             if main and state["step"] % execution["checkpoint_every_steps"] == 0:
-                save_checkpoint(job, trained, optimizer, state)
+                save_checkpoint(job.checkpoint_dir, job.spec_hash, trained, optimizer, state)
             if job.stop_after_steps and state["step"] >= job.stop_after_steps:
                 progress.close()
                 os.kill(os.getpid(), signal.SIGKILL)  # simulate a scheduler kill (tests)
@@ -314,7 +290,7 @@ def _train(job: TrainJob, distributed: Distributed) -> dict:
             state["history"].append(_end_of_epoch(job, trained, state, epoch, eval_sets, device))
         state.update(epoch=epoch + 1, group=0, epoch_records=[])
         if main:
-            save_checkpoint(job, trained, optimizer, state)
+            save_checkpoint(job.checkpoint_dir, job.spec_hash, trained, optimizer, state)
         distributed.barrier()  # the other ranks wait for rank 0's evaluation and checkpoint
     progress.close()
     wall = time.time() - started

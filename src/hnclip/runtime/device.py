@@ -14,12 +14,14 @@ from typing import ContextManager
 
 import torch
 
+from hnclip.errors import UserError
+
 DEVICE_PREFERENCE = ("npu", "cuda", "mps", "cpu")
 PRECISIONS = ("fp32", "bf16")
 AUTOCAST_DEVICE_TYPES = ("cuda", "npu")  # where "bf16" turns on autocast; elsewhere it stays fp32
 
 
-class DeviceUnavailableError(RuntimeError):
+class DeviceUnavailableError(UserError, RuntimeError):
     """The requested device is not present on this machine."""
 
 

@@ -8,18 +8,22 @@ same experiment therefore resolve to the same run id and are trained once.
 from __future__ import annotations
 
 import functools
-import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import paths
-from .config import ParamsError, validate_params
-from .io import canonical_json
+from hnclip.config import paths
+from hnclip.config.constants import (
+    ADAPTER_FRAMEWORKS,
+    DEFAULT_ADAPTER,
+    TRAINED_FRAMEWORKS,
+)
+from hnclip.config.params import ParamsError, validate_params
+from hnclip.errors import UnknownNameError
+from hnclip.provenance.hashing import canonical_json, json_sha256
 
 OBJECTIVE_KEYS = ("framework", "gamma", "lambda_tok", "margin")
 # Frameworks this pipeline trains. `none` is evaluated as released (zero-shot); the machinery
 # baselines (finelip, goal, structxlip) keep their table rows, marked not implemented yet.
-TRAINED_FRAMEWORKS = {"full", "lora", "dora"}
 ZEROSHOT = "none"
 NOT_IMPLEMENTED = "not implemented yet"
 GRADIENT_FIGURE_KINDS = {"gradient_dynamics", "gradient_dynamics_grid"}  # drawn from grad_probe.jsonl
@@ -62,8 +66,8 @@ def method_recipe(recipe: dict, method: dict) -> dict:
     recipe = dict(recipe)
     if method.get("lr_scale", 1.0) != 1.0:
         recipe["lr"] = recipe["lr"] * method["lr_scale"]
-    if method["framework"] in ("lora", "dora"):
-        recipe["adapter"] = {"r": 16, "alpha": 32, "dropout": 0.0, "target": "both", **method.get("adapter", {})}
+    if method["framework"] in ADAPTER_FRAMEWORKS:
+        recipe["adapter"] = {**DEFAULT_ADAPTER, **method.get("adapter", {})}
     return recipe
 
 
@@ -75,7 +79,7 @@ def pretrain_dataset(pretrain: dict) -> dict:
 def with_generator_digest(dataset: dict) -> dict:
     if dataset["kind"] != "synthetic":
         return dataset
-    from .data.synthetic import dataset_fingerprint
+    from hnclip.data.synthetic import dataset_fingerprint
     digest = dataset_fingerprint(dataset["variant"], dataset["sizes"], dataset["seed"])["digest"]
     return {**dataset, "generator_digest": digest}
 
@@ -85,7 +89,7 @@ def _fmt(value: float) -> str:
 
 
 def make_run_id(spec: dict) -> tuple[str, str]:
-    digest = hashlib.sha256(canonical_json(spec).encode()).hexdigest()
+    digest = json_sha256(spec)
     obj = spec["objective"]
     prefix = "" if obj["framework"] == "full" else f"{obj['framework']}-"
     readable = (f"{spec['train_set']}-{prefix}g{_fmt(obj['gamma'])}-tok{_fmt(obj['lambda_tok'])}"
@@ -137,6 +141,15 @@ class Registry:
                     if bench not in table["benchmarks"]:
                         raise ParamsError(f"params.yaml: tables.{tname}.rows.{i}.benchmarks: {bench!r} is not one "
                                           f"of the table's benchmarks {table['benchmarks']}")
+        for tname, table in p["derived_tables"].items():
+            if tname in p["tables"]:
+                raise ParamsError(f"params.yaml: derived_tables.{tname}: the name is also a table of `tables`")
+            for i, row in enumerate(table.get("rows", [])):
+                if row["method"] not in p["methods"]:
+                    raise ParamsError(f"params.yaml: derived_tables.{tname}.rows.{i}.method: unknown method "
+                                      f"{row['method']!r}; allowed values: {sorted(p['methods'])}")
+            if table["kind"] == "timing" and not ("train" in table and table.get("rows")):
+                raise ParamsError(f"params.yaml: derived_tables.{tname}: a timing table needs `train` and `rows`")
 
         for fname, figure in p.get("figures", {}).items():
             for table in [figure.get("table")] + [s["table"] for s in figure.get("series", [])]:
@@ -230,7 +243,7 @@ class Registry:
 
     def zeroshot_id(self) -> str:
         """The pseudo-run of the initial backbone evaluated as released (no training)."""
-        digest = hashlib.sha256(canonical_json(self.init_spec()).encode()).hexdigest()
+        digest = json_sha256(self.init_spec())
         return f"zeroshot-{self.backbone_name()}-{digest[:8]}"
 
     def _table_rows(self, name: str) -> list[dict]:
@@ -270,13 +283,21 @@ class Registry:
         return cells
 
     # ---- queries -------------------------------------------------------------------------------
+    def derived_table(self, kind: str) -> str:
+        """The name of params.yaml's derived table of this kind (caption_geometry, timing)."""
+        names = [name for name, spec in self.params["derived_tables"].items() if spec["kind"] == kind]
+        if len(names) != 1:
+            raise ParamsError(f"params.yaml: derived_tables must declare exactly one table of kind {kind!r}, "
+                              f"found {names}")
+        return names[0]
+
     @property
     def tables(self) -> list[str]:
         return list(self._cells)
 
     def cells(self, table: str) -> list[Cell]:
         if table not in self._cells:
-            raise KeyError(f"unknown table {table!r}; allowed values: {self.tables}")
+            raise UnknownNameError(f"unknown table {table!r}; allowed values: {self.tables}")
         return self._cells[table]
 
     def runs(self) -> dict[str, RunSpec]:
@@ -284,7 +305,7 @@ class Registry:
 
     def run(self, run_id: str) -> RunSpec:
         if run_id not in self._runs:
-            raise KeyError(f"unknown run {run_id!r} for profile {self.profile_name!r} "
+            raise UnknownNameError(f"unknown run {run_id!r} for profile {self.profile_name!r} "
                            f"(params.yaml changed since it was planned?)")
         return self._runs[run_id]
 

@@ -12,10 +12,12 @@ from typing import Any
 import jsonschema
 import yaml
 
+from hnclip.errors import UserError
+
 SCHEMA_RELPATH = Path("workflow/schemas/params.schema.yaml")
 
 
-class ParamsError(ValueError):
+class ParamsError(UserError, ValueError):
     """params.yaml is malformed; the message names the key and what is allowed."""
 
 

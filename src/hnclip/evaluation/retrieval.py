@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .models.towers import encode_image, encode_text
+from hnclip.models.towers import encode_image, encode_text
 
 
 @torch.no_grad()

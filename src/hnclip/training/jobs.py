@@ -1,14 +1,20 @@
 """Turn registry entries into executable jobs (training runs, backbone pretraining, datasets)."""
 from __future__ import annotations
 
-from . import paths
-from .registry import Registry, make_run_id, pretrain_dataset, with_generator_digest
-
-PRETRAIN_ROLE = "pretrain"
+from hnclip.config import paths
+from hnclip.config.constants import PRETRAIN_ROLE
+from hnclip.config.registry import (
+    Registry,
+    make_run_id,
+    pretrain_dataset,
+    with_generator_digest,
+)
 
 
 def finetune_job(reg: Registry, run_id: str, stop_after_steps: int | None = None):
-    from .train import TrainJob  # torch: imported only by the jobs that train (Snakefile parsing stays light)
+    from hnclip.training.loop import (
+        TrainJob,  # torch: imported only by the jobs that train (Snakefile parsing stays light)
+    )
     run = reg.run(run_id)
     backbone = reg.backbone_spec()
     name = reg.backbone_name()
@@ -40,7 +46,7 @@ def pretrain_spec(reg: Registry, name: str) -> dict:
 
 
 def pretrain_job(reg: Registry, name: str):
-    from .train import TrainJob
+    from hnclip.training.loop import TrainJob
     spec = pretrain_spec(reg, name)
     _, digest = make_run_id(spec)  # the readable part is rebuilt below with a backbone- prefix
     data_root = reg.profile["data_root"]
@@ -52,10 +58,3 @@ def pretrain_job(reg: Registry, name: str):
         out_dir=paths.backbone_dir(name), checkpoint_dir=paths.checkpoint_dir(f"backbone-{name}"),
         execution={**reg.profile["execution"], "keep_epoch_weights": False, "grad_probe_every": 0},
         evaluation=reg.params["evaluation"])
-
-
-def dataset_generation(reg: Registry, role: str) -> dict:
-    """What `hnclip data` must produce for a dataset role (or the pretraining corpus)."""
-    if role == PRETRAIN_ROLE:
-        return pretrain_dataset(reg.backbone_spec()["pretrain"])
-    return reg.profile["datasets"][role]

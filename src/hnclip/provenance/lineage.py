@@ -7,7 +7,7 @@
 
 Every step is a node {"step", "path", "sha256", "verified", "git", "params", "facts", "inputs"}:
 `sha256` is what the consuming record recorded, `verified` whether the file still has it (True,
-False or "missing"). The chain only reads records; `hnclip.audit` is the whole-project check.
+False or "missing"). The chain only reads records; `hnclip.provenance.audit` is the whole-project check.
 """
 from __future__ import annotations
 
@@ -18,15 +18,23 @@ from typing import Iterator
 import pandas as pd
 import yaml
 
-from .io import canonical_json, read_json, read_jsonl, sha256_bytes
-from .provenance import file_sha256
-from .report.tables import AVG, DIRECTION_LABELS, canonical_row, column_key
+from hnclip.errors import UnknownNameError, UserError
+from hnclip.io import read_json, read_jsonl
+from hnclip.provenance.hashing import (
+    file_sha256,
+    json_sha256,
+)
+from hnclip.report.tables import AVG, DIRECTION_LABELS, canonical_row, column_key
 
 AVG_COLUMN = column_key(*AVG)
 LISTED_SOURCES = 10  # above this many distinct source_sha256 values, give their count and digest
 
 
-# ---- small helpers shared with hnclip.audit ------------------------------------------------------
+# ---- small helpers shared with hnclip.provenance.audit ------------------------------------------------------
+
+class LineageError(UserError, ValueError):
+    """A file that lineage cannot follow (not a table of evaluated cells)."""
+
 def resolve(root: Path, path: str | Path) -> Path:
     """Recorded paths are relative to the project root the pipeline ran in."""
     path = Path(path)
@@ -123,7 +131,7 @@ def find_cell(frame: pd.DataFrame, cell: str, labels: dict[str, str]) -> pd.Seri
         hit = frame[(frame["row"].map(canonical_row) == row) & (frame["column"] == column)]
         if not hit.empty:
             return hit.iloc[0]
-    raise KeyError(f"no cell {cell!r} in this table; rows: {rows}; columns: {columns} "
+    raise UnknownNameError(f"no cell {cell!r} in this table; rows: {rows}; columns: {columns} "
                    f"(or their Markdown header labels)")
 
 
@@ -148,7 +156,7 @@ def lineage(table_file: str | Path, cell: str, root: str | Path = Path(".")) -> 
     table_record = read_json(record_path)
     frame = pd.read_csv(table_file.parent / f"{table_name(table_file)}.csv")
     if "column" not in frame or not any(c.get("eval_file") for c in table_record.get("cells", [])):
-        raise ValueError(f"{table_file}: lineage follows tables of evaluated cells (row/benchmark/direction/"
+        raise LineageError(f"{table_file}: lineage follows tables of evaluated cells (row/benchmark/direction/"
                          f"metric); this table is built from other records: see {record_path} inputs")
     found = find_cell(frame, cell, _benchmark_labels(root))
     sources = [_value_node(root, table_record, c) for c in _seed_cells(table_record, found["row"], found["column"])]
@@ -314,7 +322,7 @@ def _source_hashes(manifest: Path) -> dict:
     if len(values) <= LISTED_SOURCES:
         summary["values"] = values
     else:
-        summary["digest"] = sha256_bytes(canonical_json(values).encode())
+        summary["digest"] = json_sha256(values)
     return summary
 
 

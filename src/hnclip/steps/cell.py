@@ -4,12 +4,13 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from . import paths
-from .registry import Cell, Registry
+from hnclip.config import paths
+from hnclip.config.registry import Cell, Registry
+from hnclip.errors import UnknownNameError
 
 
-class CellError(KeyError):
-    pass
+class CellError(UnknownNameError):
+    """No cell of a table matches the requested benchmark and settings."""
 
 
 def _matches(cell: Cell, key: str, value: str) -> bool:

@@ -19,9 +19,15 @@ from pathlib import Path
 
 import yaml
 
-from .io import canonical_json, read_json, sha256_bytes
-from .lineage import current_sha256, dataset_record_path, provenance_of, resolve
-from .registry import Registry
+from hnclip.config.registry import Registry
+from hnclip.io import read_json
+from hnclip.provenance.hashing import json_sha256
+from hnclip.provenance.lineage import (
+    current_sha256,
+    dataset_record_path,
+    provenance_of,
+    resolve,
+)
 
 VALUE_TOLERANCE = 1e-6  # records store float32 recalls as JSON floats
 RECORDS = {  # the records the pipeline writes, by kind (in the order run_audit unpacks them)
@@ -58,7 +64,7 @@ class AuditResult:
 
 
 def _digest(value) -> str:
-    return sha256_bytes(canonical_json(value).encode())
+    return json_sha256(value)
 
 
 def _short(sha: str | None) -> str:
@@ -154,7 +160,7 @@ def _manifests_named(records: list[tuple[str, dict]]) -> set[str]:
 
 
 def _load_registry(root: Path, auditor: _Auditor) -> Registry | None:
-    from .config import ParamsError, load_params
+    from hnclip.config.params import ParamsError, load_params
     try:
         return Registry(load_params(root / "params.yaml"), validate=False)
     except (ParamsError, KeyError) as exc:
@@ -230,7 +236,9 @@ def _check_backbones(auditor: _Auditor, backbones: list[tuple[str, dict]], reg: 
         name = Path(artifact).parent.name
         expected = None
         if reg and reg.params["backbones"].get(name, {}).get("kind") == "pretrained_here":
-            from .jobs import pretrain_spec  # imports torch: only when there is a backbone to check
+            from hnclip.training.jobs import (
+                pretrain_spec,  # imports torch: only when there is a backbone to check
+            )
             expected = pretrain_spec(reg, name)
         _check_run_spec(auditor, artifact, record, expected)
 

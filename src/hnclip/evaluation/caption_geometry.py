@@ -1,8 +1,10 @@
 """Caption geometry (paper Table A1, Figs. 1, A5, A6): how near-duplicate a split's captions are
-under a given text encoder."""
+under a given text encoder, and their token lengths."""
 from __future__ import annotations
 
 import torch
+
+from hnclip.config.constants import CONTEXT_LENGTH
 
 HARDNESS_BUCKETS = (-1.0, 0.5, 0.7, 0.8, 0.9, 1.0000001)
 
@@ -58,40 +60,9 @@ def token_lengths(captions: list[str]) -> list[int]:
     return [len(tokenizer.encode(text)) + 2 for text in captions]
 
 
-def length_statistics(captions: list[str], context_length: int = 248) -> dict:
+def length_statistics(captions: list[str], context_length: int = CONTEXT_LENGTH) -> dict:
     lengths = token_lengths(captions)
     words = [len(text.split()) for text in captions]
     return {"mean_words": sum(words) / len(words), "min_words": min(words), "max_words": max(words),
             "mean_tokens": sum(lengths) / len(lengths), "max_tokens": max(lengths),
             "fraction_truncated": sum(length > context_length for length in lengths) / len(lengths)}
-
-
-def caption_statistics(reg, benchmark: str):
-    """Geometry of a benchmark's test captions under the profile's initial backbone -> results/stats."""
-    import time
-
-    from . import paths, provenance
-    from .data.manifest import read_manifest
-    from .io import write_json
-    from .models.factory import load_backbone
-    from .models.towers import encode_text
-
-    started = time.time()
-    name = reg.backbone_name()
-    spec = reg.backbone_spec()
-    weights = paths.backbone_weights(name, spec["kind"], reg.profile["data_root"])
-    backbone = load_backbone(spec["kind"], weights, spec["model_config"])
-    manifest = reg.test_manifest(benchmark)
-    captions = [row.caption for row in read_manifest(manifest)]
-    torch.set_num_threads(reg.profile["execution"]["threads"])
-    model = backbone.model.eval()
-    with torch.no_grad():
-        features = torch.cat([encode_text(model, backbone.tokenizer(captions[i:i + 256]))
-                              for i in range(0, len(captions), 256)])
-    result = {"benchmark": benchmark, "backbone": name, **caption_geometry(features),
-              "lengths": length_statistics(captions)}
-    result["provenance"] = provenance.record("stats", inputs={"test_manifest": manifest, "backbone": weights},
-                                             wall_time_s=time.time() - started)
-    out = paths.stats(benchmark)
-    write_json(out, result)
-    return out

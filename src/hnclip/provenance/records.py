@@ -2,17 +2,15 @@
 from __future__ import annotations
 
 import datetime as _dt
-import os
 import platform
 import subprocess
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from .io import sha256_file
+from hnclip.provenance.hashing import file_sha256
 
 LIBRARIES = ("torch", "torchvision", "open_clip_torch", "numpy", "pandas", "matplotlib", "snakemake", "dvc")
-_hash_cache: dict[tuple[str, int, int], str] = {}
 
 
 def git_state(root: str | Path = ".") -> dict:
@@ -35,15 +33,6 @@ def library_versions() -> dict:
         except metadata.PackageNotFoundError:
             versions[name] = None
     return versions
-
-
-def file_sha256(path: str | Path) -> str:
-    """sha256 of a file, memoised per (path, size, mtime) within this process."""
-    stat = os.stat(path)
-    key = (str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
-    if key not in _hash_cache:
-        _hash_cache[key] = sha256_file(path)
-    return _hash_cache[key]
 
 
 def input_hashes(inputs: dict[str, str | Path]) -> dict:

@@ -1,0 +1,12 @@
+"""Constants shared by the registry, the data layer, the models and the trainer (one home each)."""
+from __future__ import annotations
+
+CONTEXT_LENGTH = 248   # Long-CLIP's text context, start and end tokens included
+PAD_ID = 0             # open_clip's SimpleTokenizer pads with 0
+PRETRAIN_ROLE = "pretrain"   # the dataset role of the embedded backbone's own pretraining corpus
+
+ADAPTER_FRAMEWORKS = ("lora", "dora")
+TRAINED_FRAMEWORKS = ("full", *ADAPTER_FRAMEWORKS)   # `none` = evaluated as released (zero-shot)
+# r=16 as the paper; alpha = 2r, the common convention (the paper gives none); every attention
+# and MLP projection of both towers.
+DEFAULT_ADAPTER = {"r": 16, "alpha": 32, "dropout": 0.0, "target": "both"}

@@ -1,0 +1,30 @@
+"""Epoch selection: which epoch of a run a table reports (`best` by the registry's
+`evaluation.selection_metric`, or `last`)."""
+from __future__ import annotations
+
+from typing import Callable
+
+
+def mean_r1(metrics: dict) -> float:
+    """Mean of text->image and image->text Recall@1 (the paper's selection criterion)."""
+    return (metrics["t2i"]["R@1"] + metrics["i2t"]["R@1"]) / 2
+
+
+def rsum(metrics: dict) -> float:
+    """Sum of every recorded Recall@K in both directions (the usual `rsum` of retrieval papers)."""
+    return sum(value for direction in ("t2i", "i2t") for value in metrics[direction].values())
+
+
+SELECTION_METRICS: dict[str, Callable[[dict], float]] = {"mean_r1": mean_r1, "rsum": rsum}
+
+
+def select_epochs(history: list[dict], benchmark: str, metric: str = "mean_r1") -> dict:
+    """Best (highest `metric`, earliest on ties) and last epoch of one benchmark's per-epoch metrics."""
+    score = SELECTION_METRICS[metric]
+    scored = [(h["epoch"], h["eval"][benchmark]) for h in history if benchmark in h.get("eval", {})]
+    if not scored:
+        raise KeyError(f"no per-epoch evaluation of {benchmark!r} recorded in this run")
+    best_epoch, best = max(scored, key=lambda item: (score(item[1]), -item[0]))
+    last_epoch, last = scored[-1]
+    return {"best": {"epoch": best_epoch, "metrics": best}, "last": {"epoch": last_epoch, "metrics": last},
+            "metric": metric, "per_epoch": [{"epoch": e, "metrics": m} for e, m in scored]}

@@ -1,0 +1,39 @@
+"""The resume checkpoint of a training run: trained weights (or adapters), optimizer, loop
+position and RNG state, written atomically to .cache/checkpoints/<run>/last.pt (outside
+Snakemake's outputs, so a failed job keeps it)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from hnclip.errors import StaleArtifactError
+from hnclip.io import atomic_path
+from hnclip.training.frameworks import TrainedModel
+
+
+def checkpoint_path(checkpoint_dir: Path) -> Path:
+    return checkpoint_dir / "last.pt"
+
+
+def save_checkpoint(checkpoint_dir: Path, spec_hash: str, trained: TrainedModel, optimizer, state: dict) -> None:
+    """Full runs store the model; adapter runs only the adapters (the frozen base is re-loaded)."""
+    payload = {"spec_hash": spec_hash, **trained.checkpoint_state(), "optimizer": optimizer.state_dict(),
+               "state": state, "rng": torch.get_rng_state()}
+    with atomic_path(checkpoint_path(checkpoint_dir)) as tmp:
+        torch.save(payload, tmp)
+
+
+def load_checkpoint(checkpoint_dir: Path, spec_hash: str, trained: TrainedModel, optimizer) -> dict | None:
+    """Restore weights, optimizer and RNG in place; returns the loop state, or None without a checkpoint."""
+    path = checkpoint_path(checkpoint_dir)
+    if not path.exists():
+        return None
+    payload = torch.load(path, map_location="cpu", weights_only=True)
+    if payload["spec_hash"] != spec_hash:
+        raise StaleArtifactError(f"{path} belongs to a different run spec ({payload['spec_hash'][:8]} != "
+                                 f"{spec_hash[:8]}); delete {checkpoint_dir} to start this run afresh")
+    trained.restore(payload, path)
+    optimizer.load_state_dict(payload["optimizer"])
+    torch.set_rng_state(payload["rng"])
+    return payload["state"]
