@@ -1,0 +1,1 @@
+"""Auxiliary inputs of the baseline frameworks (segments, LISM pairs, edge maps, filtered captions)."""

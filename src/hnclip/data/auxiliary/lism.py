@@ -1,0 +1,295 @@
+"""GOAL's LISM pairs: each caption sentence matched to the image segment a CLIP model finds closest.
+
+Per image (GOAL LISM/make_pseudo_local_pair_for_trainset.py, re-implemented):
+  sentences  = caption.split('.'), stripped, empties dropped;
+  candidates = [full image] + crops of the segments kept by the area filter (`segments_of`);
+  every (sentence, candidate) pair is scored by cosine similarity of the matcher's features, and
+  each sentence goes to its argmax candidate (first on ties). The release stores
+  logits_per_image = 100*cos; we store the cosine (same ranking).
+
+Explicit choices where the release is silent or unreleased:
+  - del_org (`drop_full_image`, default on): sentences matched to the full image are dropped, as the
+    unreleased merge step that wrote GOAL's "..._sim_max_del_org.json" did.
+  - `long_sentence`: a sentence longer than the matcher's context makes the released CLIP call
+    raise, and the whole image is skipped ("skip_image", default, as released). "truncate" keeps
+    the image and lets the encoder truncate. Contexts: openai/clip-vit-large-patch14-336 has 77
+    tokens; the embedded profile's tiny backbone has 248, so there the rule practically never fires.
+  - GOAL trains on ONE pair per image, the same every epoch: the max-similarity match (`segment`).
+    The full ranked list (`matches`) is kept too, for StructXLIP's top-K edge crops.
+  - Images left without a segment (no mask passes the area filter, every sentence matched the full
+    image, or skipped) get `segment: null` and a `no_segment` reason. GOAL's loader reads
+    `segment[0]` of every entry, so its training JSON can only list images with a segment: such
+    images drop out of GOAL's training set. `segment_or_fallback` offers the alternative we propose:
+    train on the full image and full caption in the segment slot, flagged `fallback: true`.
+
+Output: `segments.jsonl`, one row per manifest image, and crop PNGs under `crops/`; every file path
+in the rows is relative to the directory of `segments.jsonl`. `sentence_index` indexes
+`sentences(caption)` (GOAL's text-span loss re-finds the sentence in the caption by its text).
+A rebuild rewrites the rows and the crops they name; crops of an earlier run with other settings
+stay behind unless out_dir is cleared first.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from ...io import atomic_path, write_jsonl
+from ..manifest import read_manifest
+from .segments import Segment, Segmenter, segments_of
+
+LONG_SENTENCE_MODES = ("skip_image", "truncate")
+
+
+@dataclass(frozen=True)
+class Encoders:
+    """A CLIP-style matcher: L2-normalised features of images and texts, and its text context."""
+    encode_images: Callable[[list[Image.Image]], np.ndarray]   # N images -> [N, D]
+    encode_texts: Callable[[list[str]], np.ndarray]            # M texts -> [M, D]; truncates to the context
+    count_tokens: Callable[[str], int]                         # tokens incl. start/end markers
+    context_length: int
+    name: str
+
+
+@dataclass(frozen=True)
+class LismSettings:
+    min_area: float = 0.01
+    max_area: float = 0.80
+    drop_full_image: bool = True        # del_org
+    long_sentence: str = "skip_image"   # or "truncate"
+
+    def __post_init__(self) -> None:
+        if self.long_sentence not in LONG_SENTENCE_MODES:
+            raise ValueError(f"long_sentence must be one of {LONG_SENTENCE_MODES}, got {self.long_sentence!r}")
+        if not 0.0 <= self.min_area <= self.max_area <= 1.0:
+            raise ValueError(f"need 0 <= min_area <= max_area <= 1, got {self.min_area}, {self.max_area}")
+
+
+@dataclass(frozen=True)
+class Match:
+    sentence_index: int
+    candidate: int      # 0 = the full image, k >= 1 = the k-th kept segment
+    similarity: float   # cosine
+
+
+def sentences(caption: str) -> list[str]:
+    """The release's sentence split: on '.', stripped, empties dropped."""
+    return [part.strip() for part in caption.split(".") if part.strip()]
+
+
+def match_sentences(text_features: np.ndarray, candidate_features: np.ndarray) -> list[Match]:
+    """Each sentence's argmax candidate by cosine similarity (first index on ties)."""
+    texts = _unit_rows(text_features)
+    candidates = _unit_rows(candidate_features)
+    similarity = texts @ candidates.T
+    best = similarity.argmax(axis=1)
+    return [Match(j, int(best[j]), float(similarity[j, best[j]])) for j in range(len(texts))]
+
+
+def _unit_rows(features) -> np.ndarray:
+    array = np.asarray(features, dtype=np.float64)
+    return array / np.linalg.norm(array, axis=1, keepdims=True)
+
+
+def ranked_matches(matches: list[Match], drop_full_image: bool) -> list[Match]:
+    """Matches by decreasing similarity (sentence order on ties), without full-image ones if del_org."""
+    kept = [m for m in matches if not (drop_full_image and m.candidate == 0)]
+    return sorted(kept, key=lambda m: -m.similarity)
+
+
+def file_stem(image_id: str) -> str:
+    """A filesystem-safe stem; ids that needed changes get a hash suffix so stems stay distinct."""
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", image_id)
+    if safe == image_id:
+        return safe
+    return f"{safe}-{hashlib.sha256(image_id.encode('utf-8')).hexdigest()[:8]}"
+
+
+def _write_png(image: Image.Image, path: Path) -> None:
+    with atomic_path(path) as tmp:
+        image.save(tmp, format="PNG")
+
+
+@dataclass(frozen=True)
+class LismImage:
+    """One image to pair: RGB pixels, caption, segments kept by the area filter, raw mask count."""
+    id: str
+    caption: str
+    image: Image.Image
+    segments: list[Segment]
+    n_masks: int
+
+
+def _skip_reason(item: LismImage, texts: list[str], encoders: Encoders, settings: LismSettings) -> str | None:
+    if not texts:
+        return "no_sentences"
+    if settings.long_sentence == "skip_image" and any(encoders.count_tokens(t) > encoders.context_length
+                                                      for t in texts):
+        return "long_sentence"
+    if not item.segments and settings.drop_full_image:  # every sentence could only match the full image
+        return "no_segments"
+    return None
+
+
+def lism_rows(images: list[LismImage], encoders: Encoders, settings: LismSettings, out_dir: Path) -> list[dict]:
+    """The segments.jsonl rows of a batch of images; writes the crops of their matched candidates.
+
+    The matcher is called once for all sentences and once for all candidates of the batch.
+    """
+    rows, pending = [], []
+    for item in images:
+        texts = sentences(item.caption)
+        reason = _skip_reason(item, texts, encoders, settings)
+        rows.append({"id": item.id, "caption": item.caption, "image_size": [item.image.width, item.image.height],
+                     "n_masks": item.n_masks, "n_segments": len(item.segments), "n_sentences": len(texts),
+                     "segment": None, "matches": [], "no_segment": reason})
+        if reason is None:
+            pending.append((len(rows) - 1, item, texts))
+    if not pending:
+        return rows
+    text_features = encoders.encode_texts([t for _, _, texts in pending for t in texts])
+    image_features = encoders.encode_images([c for _, item, _ in pending
+                                             for c in [item.image] + [s.crop for s in item.segments]])
+    t0 = c0 = 0
+    for index, item, texts in pending:
+        t1, c1 = t0 + len(texts), c0 + 1 + len(item.segments)
+        ranked = ranked_matches(match_sentences(text_features[t0:t1], image_features[c0:c1]), settings.drop_full_image)
+        rows[index] = _paired_row(rows[index], item, texts, ranked, out_dir)
+        t0, c0 = t1, c1
+    return rows
+
+
+def _paired_row(row: dict, item: LismImage, texts: list[str], ranked: list[Match], out_dir: Path) -> dict:
+    if not ranked:
+        return {**row, "no_segment": "all_matched_full_image"}
+    width, height = item.image.size
+    full_box = {"x1": 0, "y1": 0, "x2": width, "y2": height, "width": width, "height": height}
+    stem = file_stem(item.id)
+    written: dict[int, str] = {}
+    entries = []
+    for m in ranked:
+        segment = item.segments[m.candidate - 1] if m.candidate else None
+        if m.candidate not in written:
+            name = f"crops/{stem}_{f'seg{segment.mask_index}' if segment else 'full'}.png"
+            _write_png(segment.crop if segment else item.image, out_dir / name)
+            written[m.candidate] = name
+        entries.append({"crop_file": written[m.candidate], "sentence": texts[m.sentence_index],
+                        "sentence_index": m.sentence_index, "similarity": m.similarity,
+                        "bbox": segment.bbox if segment else full_box,
+                        "mask_index": segment.mask_index if segment else None, "image_size": [width, height]})
+    return {**row, "segment": entries[0], "matches": entries}
+
+
+def segment_or_fallback(row: dict) -> dict:
+    """The training pair of a segments.jsonl row: its segment, or (proposed fallback for images
+    without one) the full image with the full caption, flagged `fallback: true`."""
+    if row["segment"] is not None:
+        return {**row["segment"], "fallback": False}
+    width, height = row["image_size"]
+    return {"crop_file": None, "sentence": row["caption"], "sentence_index": None, "similarity": None,
+            "bbox": {"x1": 0, "y1": 0, "x2": width, "y2": height, "width": width, "height": height},
+            "mask_index": None, "image_size": [width, height], "fallback": True}
+
+
+def build_lism(manifest_path: str | Path, out_dir: str | Path, segmenter: Segmenter, encoders: Encoders,
+               settings: LismSettings = LismSettings(), batch_images: int = 32) -> dict:
+    """Segment and match every image of a manifest; writes out_dir/segments.jsonl and out_dir/crops/.
+
+    Images are matched `batch_images` at a time. Returns a summary: images, with_segment,
+    no_segment counts by reason, mean segments kept by the area filter, mean matches, wall time,
+    matcher name and settings.
+    """
+    start = time.perf_counter()
+    out_dir = Path(out_dir)
+    items = read_manifest(manifest_path)
+    rows = []
+    for first in range(0, len(items), batch_images):
+        batch = []
+        for item in items[first:first + batch_images]:
+            with Image.open(item.image) as opened:
+                image = opened.convert("RGB")
+            masks = segmenter.masks(image)
+            segments = segments_of(image, masks, settings.min_area, settings.max_area)
+            batch.append(LismImage(item.id, item.caption, image, segments, len(masks)))
+        rows += lism_rows(batch, encoders, settings, out_dir)
+    write_jsonl(out_dir / "segments.jsonl", rows)
+    reasons: dict[str, int] = {}
+    for row in rows:
+        if row["no_segment"]:
+            reasons[row["no_segment"]] = reasons.get(row["no_segment"], 0) + 1
+    return {"images": len(rows), "with_segment": sum(row["segment"] is not None for row in rows),
+            "no_segment": reasons, "mean_segments_kept": float(np.mean([row["n_segments"] for row in rows])),
+            "mean_matches": float(np.mean([len(row["matches"]) for row in rows])),
+            "wall_s": time.perf_counter() - start, "matcher": encoders.name, "settings": asdict(settings)}
+
+
+def hf_clip_encoders(model_path: str | Path, device: str = "cpu", batch_size: int = 64) -> Encoders:
+    """A transformers CLIPModel + processor as matcher (paper profile: openai/clip-vit-large-patch14-336)."""
+    import torch
+    from transformers import CLIPModel, CLIPProcessor
+
+    model = CLIPModel.from_pretrained(str(model_path)).to(device).eval()
+    processor = CLIPProcessor.from_pretrained(str(model_path))
+    context = int(model.config.text_config.max_position_embeddings)
+
+    def features(output) -> torch.Tensor:
+        # transformers 5 returns a model output whose pooler_output is the projected feature
+        pooled = output if isinstance(output, torch.Tensor) else output.pooler_output
+        return torch.nn.functional.normalize(pooled.float(), dim=-1)
+
+    @torch.no_grad()
+    def encode_images(images: list[Image.Image]) -> np.ndarray:
+        chunks = []
+        for i in range(0, len(images), batch_size):
+            pixels = processor(images=images[i:i + batch_size], return_tensors="pt")["pixel_values"]
+            chunks.append(features(model.get_image_features(pixel_values=pixels.to(device))).cpu())
+        return torch.cat(chunks).numpy()
+
+    @torch.no_grad()
+    def encode_texts(texts: list[str]) -> np.ndarray:
+        chunks = []
+        for i in range(0, len(texts), batch_size):
+            tokens = processor.tokenizer(texts[i:i + batch_size], padding=True, truncation=True,
+                                         max_length=context, return_tensors="pt").to(device)
+            chunks.append(features(model.get_text_features(**tokens)).cpu())
+        return torch.cat(chunks).numpy()
+
+    def count_tokens(text: str) -> int:
+        return len(processor.tokenizer(text)["input_ids"])
+
+    return Encoders(encode_images, encode_texts, count_tokens, context, f"hf-clip:{model_path}")
+
+
+def backbone_encoders(backbone, device: str = "cpu", batch_size: int = 64) -> Encoders:
+    """The pipeline's own open_clip backbone (`hnclip.models.factory.Backbone`) as matcher."""
+    import torch
+
+    from ...models.towers import encode_image, encode_text
+
+    model = backbone.model.to(device).eval()
+    context = int(backbone.tokenizer.context_length)
+
+    @torch.no_grad()
+    def encode_images(images: list[Image.Image]) -> np.ndarray:
+        chunks = []
+        for i in range(0, len(images), batch_size):
+            pixels = torch.stack([backbone.preprocess(im) for im in images[i:i + batch_size]])
+            chunks.append(encode_image(model, pixels.to(device)).cpu())
+        return torch.cat(chunks).numpy()
+
+    @torch.no_grad()
+    def encode_texts(texts: list[str]) -> np.ndarray:
+        chunks = [encode_text(model, backbone.tokenizer(texts[i:i + batch_size]).to(device)).cpu()
+                  for i in range(0, len(texts), batch_size)]
+        return torch.cat(chunks).numpy()
+
+    def count_tokens(text: str) -> int:
+        return len(backbone.tokenizer.encode(text)) + 2  # + start and end of text
+
+    return Encoders(encode_images, encode_texts, count_tokens, context, "backbone")
