@@ -11,10 +11,13 @@ configfile: "params.yaml"
 include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/backbone.smk"
+include: "workflow/rules/auxiliary.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/stats.smk"
+include: "workflow/rules/gradient_stats.smk"
 include: "workflow/rules/report.smk"
+include: "workflow/rules/claims.smk"
 
 
 rule all:

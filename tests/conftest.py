@@ -1,9 +1,12 @@
+"""Fixtures shared by several test modules (plain helpers are in tests/helpers/)."""
 import copy
 import os
 from pathlib import Path
 
 import pytest
 import yaml
+from helpers.fault_server import running_server
+from helpers.micro_project import build_micro_project
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
@@ -24,3 +27,47 @@ def params() -> dict:
 def in_project(monkeypatch):
     monkeypatch.chdir(ROOT)
     return ROOT
+
+
+@pytest.fixture
+def empty_project(tmp_path, monkeypatch, params) -> Path:
+    """A project with nothing built (params.yaml, and the workflow its schema is read from) as the
+    working directory."""
+    (tmp_path / "workflow").symlink_to(ROOT / "workflow")
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory) -> dict[str, Path]:
+    """A small synthetic DOCCI (48 train, 24 test pairs): manifest paths by split. Read-only."""
+    from hnclip.data.synthetic import write_dataset  # here: conftest stays cheap to import
+    root = tmp_path_factory.mktemp("data")
+    return write_dataset(root / "docci", "docci", {"train": 48, "test": 24}, seed=3)
+
+
+@pytest.fixture
+def server():
+    """A local fault-injecting HTTP server (helpers.fault_server), one per test."""
+    with running_server() as state:
+        yield state
+
+
+@pytest.fixture(scope="session")
+def micro_project(tmp_path_factory) -> Path:
+    """A real micro project with Tables 3a, 1 and 3c built (helpers.micro_project), once per session.
+    Read-only: tests that change anything work on a `copy_project` of it."""
+    return build_micro_project(tmp_path_factory.mktemp("micro") / "proj")
+
+
+@pytest.fixture
+def probed_project(params, tmp_path, monkeypatch):
+    """The committed params' Fig. 4 and Fig. A8 runs with hand-made probe logs and training records
+    (tests/helpers/gradient_logs.py), in an empty project directory."""
+    from helpers.gradient_logs import write_probed_project
+
+    from hnclip.config.registry import Registry
+    reg = Registry(params)  # validated against the project's schema before leaving the project
+    monkeypatch.chdir(tmp_path)
+    return write_probed_project(reg, params)

@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from helpers.training import EVALUATION, EXECUTION, SPEC
 
 from hnclip.data.loader import PairDataset
-from hnclip.data.synthetic import write_dataset
 from hnclip.io import read_json
 from hnclip.models.factory import create, load_weights
 from hnclip.training.distributed import Distributed
@@ -22,9 +21,6 @@ from hnclip.training.exact_batch import exact_batch_backward
 from hnclip.training.loop import TrainJob, frozen_text_encoder, train
 from hnclip.training.objective import loss_terms
 from hnclip.training.probe import GradientProbe
-
-sys.path.insert(0, str(Path(__file__).parent))
-from test_train import EVALUATION, EXECUTION, SPEC  # noqa: E402
 
 WORLD = 2
 GLOBAL_BATCH = 8
@@ -51,12 +47,6 @@ def free_ports(count: int) -> tuple[int, ...]:
 def set_rank_environment(rank: int, port: int) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE=str(WORLD))
-
-
-@pytest.fixture(scope="module")
-def tiny_data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("data")
-    return write_dataset(root / "docci", "docci", {"train": 48, "test": 24}, seed=3)
 
 
 # ---- one step: losses and gradients ------------------------------------------------------------

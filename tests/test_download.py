@@ -2,30 +2,30 @@
 file or a clear error, and nothing partial or corrupt may ever be marked complete.
 
 The server (also used by test_real_manifests.py) serves `/<source>/<file>` with Range support and a
-per-path queue of faults, each consumed by one request:
+per-path queue of faults, each consumed by one GET:
   "500"       HTTP 500, no body
+  "429"       HTTP 429 with Retry-After: 3
   "truncate"  sends `cut` bytes of a body announced longer, then closes the connection cleanly
   "drop"      sends `cut` bytes, then resets the connection (RST) mid-body
   "wrong"     sends different bytes of the same length (checksum mismatch)
-A path in `ignore_range` always answers 200 with the full body.
+A path in `ignore_range` always answers 200 with the full body. `add_hub` serves a file the way the
+Hugging Face Hub does (`/[datasets/]<repo>/resolve/<commit>/<file>`, HEAD and GET, with the
+X-Repo-Commit and ETag headers hf_hub_download requires), for the `hub` fixture.
 """
 from __future__ import annotations
 
 import hashlib
-import io
+import os
 import re
 import socket
-import struct
-import tarfile
-import threading
-import time
-import zipfile
-from collections import defaultdict
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import urllib3.util.retry
+from helpers.fault_server import FAST
+from helpers.payloads import blob, sha256, tar_gz, zip_bytes
 
 from hnclip.data.download import (
     ArchiveError,
@@ -35,6 +35,7 @@ from hnclip.data.download import (
     OfflineError,
     download_dataset,
     download_file,
+    download_hub_file,
     extract_archive,
     marker_path,
     part_path,
@@ -42,125 +43,9 @@ from hnclip.data.download import (
 )
 from hnclip.data.sources import MIRROR_ENV, Source, SourceFile, get_source, resolve_url
 
-FAST = dict(backoff=0.001, progress=False)  # tiny backoff keeps the retry tests quick
-
-
 # ---------------------------------------------------------------------------------------------
 # The fault-injecting server
 # ---------------------------------------------------------------------------------------------
-
-@dataclass
-class Served:
-    path: str
-    range: str | None
-    status: int
-    sent: int
-
-
-@dataclass
-class FaultServer:
-    url: str = ""
-    files: dict[str, bytes] = field(default_factory=dict)
-    faults: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
-    ignore_range: set[str] = field(default_factory=set)
-    cut: int = 1 << 19   # bytes sent before a truncation or drop (a multiple of the client's read size)
-    log: list[Served] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def add(self, path: str, data: bytes, faults: list[str] = ()) -> str:
-        """Serve `data` at `path` ('/<source>/<file>'); returns the full URL."""
-        self.files[path] = data
-        self.faults[path] = list(faults)
-        return self.url + path
-
-    def next_fault(self, path: str) -> str | None:
-        with self.lock:
-            queue = self.faults.get(path)
-            return queue.pop(0) if queue else None
-
-    def record(self, served: Served) -> None:
-        with self.lock:
-            self.log.append(served)
-
-    def served(self, path: str) -> list[Served]:
-        with self.lock:
-            return [entry for entry in self.log if entry.path == path]
-
-
-class FaultHandler(BaseHTTPRequestHandler):
-    def log_message(self, *args) -> None:  # keep pytest output clean
-        pass
-
-    @property
-    def state(self) -> FaultServer:
-        return self.server.state
-
-    def do_GET(self) -> None:
-        path = self.path.split("?")[0]
-        requested_range = self.headers.get("Range")
-        data = self.state.files.get(path)
-        fault = self.state.next_fault(path)
-        if data is None:
-            return self._empty(path, requested_range, 404)
-        if fault == "500":
-            return self._empty(path, requested_range, 500)
-        body = bytes(b ^ 0xFF for b in data) if fault == "wrong" else data
-        start, status = 0, 200
-        if requested_range and path not in self.state.ignore_range:
-            start = int(re.match(r"bytes=(\d+)-", requested_range).group(1))
-            if start >= len(body):
-                return self._empty(path, requested_range, 416, {"Content-Range": f"bytes */{len(body)}"})
-            status = 206
-        payload = body[start:]
-        self.send_response(status)
-        self.send_header("Content-Length", str(len(payload)))
-        self.send_header("Accept-Ranges", "bytes")
-        if status == 206:
-            self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
-        self.end_headers()
-        interrupted = fault in ("truncate", "drop")
-        sent = min(self.state.cut, len(payload) - 1) if interrupted else len(payload)
-        self.state.record(Served(path, requested_range, status, sent))  # before the client can finish
-        self.wfile.write(payload[:sent])
-        if fault == "drop":
-            time.sleep(0.2)  # let the client take what was sent, then reset the connection
-            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            self.connection.close()
-
-    def _empty(self, path: str, requested_range: str | None, status: int, headers: dict | None = None) -> None:
-        self.state.record(Served(path, requested_range, status, 0))
-        self.send_response(status)
-        for key, value in (headers or {}).items():
-            self.send_header(key, value)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-
-@pytest.fixture
-def server():
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), FaultHandler)
-    httpd.state = FaultServer(url=f"http://127.0.0.1:{httpd.server_address[1]}")
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
-    thread.start()
-    try:
-        yield httpd.state
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-
-
-def blob(size: int = 3 << 19, seed: int = 0) -> bytes:
-    """Deterministic, incompressible-looking bytes."""
-    out, counter = bytearray(), 0
-    while len(out) < size:
-        out += hashlib.sha256(f"{seed}-{counter}".encode()).digest()
-        counter += 1
-    return bytes(out[:size])
-
-
-def sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
 
 def assert_not_complete(dest: Path) -> None:
     assert not dest.exists()
@@ -214,6 +99,17 @@ def test_persistent_500_gives_up_with_a_clear_error(server, tmp_path):
         download_file(url, dest, sha256(blob()), retries=2, **FAST)
     assert not isinstance(error.value, OfflineError)
     assert_not_complete(dest)
+
+
+def test_429_waits_as_long_as_retry_after_says(server, tmp_path, monkeypatch):
+    slept = []
+    monkeypatch.setattr(urllib3.util.retry.time, "sleep", slept.append)  # record the wait instead of waiting
+    data = blob(4096)
+    url = server.add("/src/file.bin", data, faults=["429"])
+    dest = download_file(url, tmp_path / "file.bin", sha256(data), **FAST)
+    assert dest.read_bytes() == data
+    assert [s.status for s in server.served("/src/file.bin")] == [429, 200]
+    assert slept == [3]  # the server's Retry-After, not the (tiny) backoff
 
 
 @pytest.mark.parametrize("fault", ["truncate", "drop"])
@@ -326,26 +222,132 @@ def test_http_404_is_not_retried(server, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# Archives and whole sources
+# Hugging Face Hub files
 # ---------------------------------------------------------------------------------------------
 
-def tar_gz(members: dict[str, bytes]) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
-def zip_bytes(members: dict[str, bytes]) -> bytes:
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w") as bundle:
-        for name, data in members.items():
-            bundle.writestr(name, data)
-    return buffer.getvalue()
+@pytest.fixture
+def hub(server, tmp_path, monkeypatch):
+    """huggingface_hub pointed at the fault server. It reads HF_ENDPOINT (and HF_HUB_CACHE) once, at
+    import, into these constants: set them as that import would have (the subprocess test sets the
+    variable itself)."""
+    from huggingface_hub import constants
+    monkeypatch.setattr(constants, "ENDPOINT", server.url)
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                        server.url + "/{repo_id}/resolve/{revision}/{filename}")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    monkeypatch.delenv(MIRROR_ENV, raising=False)
+    return server
 
+
+def hub_file(data: bytes | None, revision: str | None = COMMIT, name: str = "weights.bin") -> SourceFile:
+    return SourceFile(name=name, url=None, checksum=sha256(data) if data is not None else None,
+                      hub_repo="org/toy-data", hub_repo_type="dataset", revision=revision)
+
+
+def test_hub_file_is_fetched_at_its_pinned_commit_verified_and_marked(hub, tmp_path):
+    data = blob()
+    path = hub.add_hub("org/toy-data", COMMIT, "weights.bin", data, repo_type="dataset")
+    source = Source(name="toy", title="toy", homepage="", license="", files=(hub_file(data),))
+    raw = tmp_path / "toy" / "raw"
+    result = download_dataset("toy", tmp_path, source=source, **FAST)
+    assert result.raw["weights.bin"] == raw / "weights.bin" and (raw / "weights.bin").read_bytes() == data
+    marker = read_marker(raw / "weights.bin")
+    assert marker["sha256"] == sha256(data) and marker["url"] == hub.url + path
+    assert [s.status for s in hub.served(path, "HEAD")] == [200] and [s.status for s in hub.served(path)] == [200]
+    assert sorted(p.name for p in raw.iterdir()) == ["weights.bin", "weights.bin.complete"]  # no staging left
+    download_dataset("toy", tmp_path, source=source, **FAST)
+    assert len(hub.served(path, "HEAD")) == 1 and len(hub.served(path)) == 1  # verified: not asked again
+
+
+def test_hub_checksum_mismatch_is_never_marked_complete(hub, tmp_path):
+    data = blob(4096)
+    hub.add_hub("org/toy-data", COMMIT, "weights.bin", data, faults=["wrong"], repo_type="dataset")
+    dest = tmp_path / "raw" / "weights.bin"
+    with pytest.raises(ChecksumMismatch, match=f"expected {sha256(data)}"):
+        download_hub_file(hub_file(data), dest, progress=False)
+    assert_not_complete(dest)
+    assert list(dest.parent.iterdir()) == []
+
+
+def test_hub_body_broken_midway_is_resumed_by_the_library(hub, tmp_path, monkeypatch):
+    from huggingface_hub import constants
+    monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", 1 << 18)  # it keeps whole chunks only (10 MB by default)
+    data = blob()
+    path = hub.add_hub("org/toy-data", COMMIT, "weights.bin", data, faults=["truncate"], repo_type="dataset")
+    dest = download_hub_file(hub_file(data), tmp_path / "weights.bin", progress=False)
+    assert dest.read_bytes() == data
+    first, second = hub.served(path)
+    assert first.range is None and second.range == f"bytes={first.sent}-" and second.status == 206
+
+
+@pytest.mark.parametrize("revision", [None, "main", "0123abc"])
+def test_hub_file_without_a_full_commit_is_refused(hub, tmp_path, revision):
+    data = blob(4096)
+    hub.add_hub("org/toy-data", "main", "weights.bin", data, repo_type="dataset")
+    dest = tmp_path / "weights.bin"
+    with pytest.raises(DownloadError) as error:
+        download_hub_file(hub_file(data, revision), dest, progress=False)
+    message = str(error.value)
+    for needle in (f"revision={revision!r}", "https://huggingface.co/datasets/org/toy-data/commits/main",
+                   f"sha256 {sha256(data)}", "hnclip/data/sources.py", MIRROR_ENV, str(dest)):
+        assert needle in message
+    assert hub.log == []  # nothing was asked of the Hub
+    assert_not_complete(dest)
+
+
+def test_longclip_weights_ask_for_their_commit_to_be_pinned(hub, tmp_path):
+    weights = get_source("longclip_l").file("longclip-L.pt")
+    with pytest.raises(DownloadError, match=r"BeichenZhang/LongCLIP-L/commits/main .*sha256 60c077e5"):
+        download_dataset("longclip_l", tmp_path, **FAST)
+    assert weights.hub_repo == "BeichenZhang/LongCLIP-L" and hub.log == []
+
+
+def test_hub_file_placed_by_hand_needs_no_commit(hub, tmp_path):
+    data = blob(4096)
+    dest = tmp_path / "weights.bin"
+    dest.write_bytes(data)
+    assert download_hub_file(hub_file(data, revision=None), dest, progress=False) == dest
+    assert read_marker(dest)["sha256"] == sha256(data) and hub.log == []
+
+
+def test_hub_offline_says_where_to_put_the_file(hub, tmp_path, monkeypatch):
+    from huggingface_hub import constants
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    dest = tmp_path / "weights.bin"
+    with pytest.raises(OfflineError) as error:
+        download_hub_file(hub_file(blob(4096)), dest, progress=False)
+    assert "offline" in str(error.value) and str(dest) in str(error.value)
+    assert_not_complete(dest)
+
+
+def test_hub_missing_file_is_a_clear_error(hub, tmp_path):
+    dest = tmp_path / "weights.bin"
+    with pytest.raises(DownloadError, match="Check hub_repo and revision") as error:
+        download_hub_file(hub_file(blob(4096)), dest, progress=False)
+    assert not isinstance(error.value, OfflineError)
+    assert_not_complete(dest)
+
+
+def test_hf_endpoint_points_the_hub_download_elsewhere(server, tmp_path):
+    data = blob(4096)
+    path = server.add_hub("org/toy-data", COMMIT, "weights.bin", data, repo_type="dataset")
+    dest = tmp_path / "weights.bin"
+    script = (f"from hnclip.data.download import download_hub_file\n"
+              f"from hnclip.data.sources import SourceFile\n"
+              f"download_hub_file(SourceFile(name='weights.bin', url=None, checksum={sha256(data)!r}, "
+              f"hub_repo='org/toy-data', hub_repo_type='dataset', revision={COMMIT!r}), {str(dest)!r}, progress=False)")
+    env = {**os.environ, "HF_ENDPOINT": server.url, "HF_HUB_CACHE": str(tmp_path / "hf-cache")}
+    env.pop(MIRROR_ENV, None)
+    subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=120)
+    assert dest.read_bytes() == data and read_marker(dest)["url"] == server.url + path
+
+
+# ---------------------------------------------------------------------------------------------
+# Archives and whole sources
+# ---------------------------------------------------------------------------------------------
 
 def toy_source(checksum: str | None) -> Source:
     return Source(name="toy", title="toy", homepage="", license="",
@@ -442,6 +444,11 @@ def test_source_table_is_complete():
             assert source_file.manual == (source_file.url is None)
             assert source_file.checksum is not None or "pin on first verified download" in source_file.note
             assert not source_file.manual or source_file.instructions
+            # every Hugging Face file goes through hf_hub_download, pinned to a full commit or not at all
+            assert bool(source_file.hub_repo) == ("huggingface.co/" in (source_file.url or ""))
+            assert not source_file.hub_repo or source_file.revision is None \
+                or re.fullmatch(r"[0-9a-f]{40}", source_file.revision)
     assert get_source("longclip_l").file("longclip-L.pt").checksum == \
         "60c077e512cd95ca9fe7b13285e4e2c99073f8d6df7113eb6d2979919db397b2"
     assert get_source("dci").file("sa_000138.tar").manual
+    assert get_source("urban1k").file("Urban1k.zip").revision == "953fcf1d1a3bde031d9424a91a0154e594b5a586"

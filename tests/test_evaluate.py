@@ -1,9 +1,12 @@
 """Recall@K on hand-made similarity matrices, ties included, and epoch selection."""
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from hnclip.evaluation.retrieval import ranks_of_positives, recall_at_k
-from hnclip.evaluation.selection import mean_r1, select_epochs
+from hnclip.evaluation.selection import mean_r1, rsum, select_epochs
+from hnclip.steps import evaluate as evaluate_step
 
 
 def test_ranks_on_hand_made_scores():
@@ -63,3 +66,24 @@ def test_select_epochs_best_and_last():
     assert chosen["last"]["epoch"] == 4 and mean_r1(chosen["last"]["metrics"]) == 55
     with pytest.raises(KeyError, match="urban1k"):
         select_epochs(history, "urban1k")
+
+
+def test_the_selection_metric_decides_the_best_epoch():
+    """Epoch 1 has the higher mean R@1, epoch 2 the higher sum of all recalls: the metric picks."""
+    history = [{"epoch": 1, "eval": {"docci": {"t2i": {"R@1": 50.0, "R@5": 60.0}, "i2t": {"R@1": 50.0, "R@5": 60.0}}}},
+               {"epoch": 2, "eval": {"docci": {"t2i": {"R@1": 48.0, "R@5": 90.0}, "i2t": {"R@1": 48.0, "R@5": 90.0}}}},
+               {"epoch": 3, "eval": {"docci": {"t2i": {"R@1": 10.0, "R@5": 20.0}, "i2t": {"R@1": 10.0, "R@5": 20.0}}}}]
+    assert mean_r1(history[0]["eval"]["docci"]) > mean_r1(history[1]["eval"]["docci"])
+    assert rsum(history[1]["eval"]["docci"]) == 276 > rsum(history[0]["eval"]["docci"]) == 220
+    by_mean_r1, by_rsum = (select_epochs(history, "docci", metric) for metric in ("mean_r1", "rsum"))
+    assert (by_mean_r1["best"]["epoch"], by_mean_r1["metric"]) == (1, "mean_r1")
+    assert (by_rsum["best"]["epoch"], by_rsum["metric"]) == (2, "rsum")
+    assert by_mean_r1["last"] == by_rsum["last"] and by_rsum["last"]["epoch"] == 3
+    with pytest.raises(KeyError, match="best_of_three"):
+        select_epochs(history, "docci", "best_of_three")
+    # `hnclip evaluate` selects with params.yaml's evaluation.selection_metric
+    record = {"history": [{**h, "weights_sha256": f"w{h['epoch']}"} for h in history]}
+    for metric, epoch in (("mean_r1", 1), ("rsum", 2)):
+        registry = SimpleNamespace(params={"evaluation": {"selection_metric": metric}})
+        chosen = evaluate_step._select(registry, record, "docci")
+        assert chosen["best"]["epoch"] == epoch and chosen["best"]["weights_sha256"] == f"w{epoch}"

@@ -53,5 +53,9 @@ def test_golden_values_are_the_seed_means_of_the_fake_records(golden_project):
     assert cell["ours_mean"] == pytest.approx(64.5)  # (65 + 64) / 2: seed 43 is one point lower
     assert cell["ours_min"] == 64 and cell["ours_max"] == 65 and cell["n_seeds"] == 2
     assert cell["paper"] == pytest.approx(88.25) and cell["delta"] == pytest.approx(64.5 - 88.25)
+    assert cell["label"] == "γ = 0.5"  # the key stays in `row`; tables print the label
+    avg = frame[(frame["row"] == "gamma=0.5") & (frame["metric"] == "avg")].iloc[0]
+    r1 = frame[(frame["row"] == "gamma=0.5") & (frame["metric"] == "R@1")]
+    assert avg["ours_mean"] == pytest.approx(r1["ours_mean"].mean()) and avg["paper"] == pytest.approx(83.86)
     best = frame[frame["column"] == "docci/t2i/R@1"].set_index("row")["best_ours"]
     assert best.to_dict() == {"gamma=0": False, "gamma=0.5": False, "gamma=1": True}

@@ -1,4 +1,4 @@
-"""Lineage and audit on a real micro project (built once per session, see fixtures_project): a
+"""Lineage and audit on a real micro project (built once per session, see helpers.micro_project): a
 Table 3a cell traces back to raw data, initial weights and the git commit; each kind of tampering
 (on its own copy of the project) is caught and named by the audit; a clean project audits with exit 0."""
 import json
@@ -7,7 +7,7 @@ import subprocess
 
 import pandas as pd
 import pytest
-from fixtures_project import copy_project, micro_project  # noqa: F401  (session fixture)
+from helpers.micro_project import copy_project
 
 from hnclip.errors import UnknownNameError
 from hnclip.io import read_json
@@ -127,6 +127,33 @@ def test_unknown_cell_names_the_available_rows_and_columns(micro_project):
     with pytest.raises(UnknownNameError) as error:
         lineage(micro_project / TABLE_CSV, "gamma=0.3/docci/t2i/R@1", root=micro_project)
     assert "gamma=0.5" in str(error.value) and "docci/t2i/R@1" in str(error.value)
+
+
+def _append_a_space(path) -> None:
+    with open(path, "a") as handle:
+        handle.write(" ")
+
+
+DAMAGE = {"changed": (_append_a_space, False, "[CHANGED since recorded]"),
+          "deleted": (lambda path: path.unlink(), "missing", "[MISSING]")}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+@pytest.mark.parametrize("step, target", [("train manifest", "data/embedded/docci/train.jsonl"),
+                                          ("checkpoint", "results/runs/{run}/model.pt")])
+def test_lineage_marks_a_changed_or_deleted_input(micro_project, tmp_path, step, target, damage):
+    proj = copy_project(micro_project, tmp_path / "proj")
+    target = target.format(run=_docci_run(proj))
+    harm, verified, mark = DAMAGE[damage]
+    harm(proj / target)
+    chain = lineage(proj / TABLE_CSV, CELL, root=proj)
+    damaged = [node for node in iter_nodes(chain) if node.get("path") == target]
+    assert damaged and all(node["step"] == step and node["verified"] == verified for node in damaged)
+    evaluation, = _nodes(chain, "evaluation")
+    assert evaluation["verified"] is True  # the rest of the chain is still what was recorded
+    text = format_lineage(chain).splitlines()
+    assert [line for line in text if f"{step}: {target}" in line and line.endswith(mark)], text
+    assert sum(mark in line for line in text) == len(damaged)
 
 
 # ---- audit ----------------------------------------------------------------------------------------

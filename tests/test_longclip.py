@@ -4,6 +4,7 @@ raw state dict (applying PE*mask1 + PE_res*mask2 the way Long-CLIP's encode_text
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -19,6 +20,8 @@ from torchvision.transforms import (
     ToTensor,
 )
 
+from hnclip.config.registry import Registry
+from hnclip.data import download
 from hnclip.models.longclip import (
     LONGCLIP_L_SHA256,
     CheckpointMismatchError,
@@ -29,6 +32,8 @@ from hnclip.models.longclip import (
     stretch_openai_state_dict,
     stretch_positional_embedding,
 )
+from hnclip.provenance import hashing
+from hnclip.provenance.audit import audit
 from hnclip.provenance.hashing import sha256_file
 
 WIDTH, LAYERS, IMAGE, PATCH, EMBED, VOCAB, CONTEXT = 64, 2, 32, 8, 64, 49408, 248
@@ -331,6 +336,82 @@ def test_hash_mismatch_can_be_opted_out_explicitly(checkpoint):
     with pytest.warns(UserWarning, match="verify_hash=False"):
         result = load_longclip(checkpoint, expected_sha256="0" * 64, verify_hash=False, head_width=HEAD_WIDTH)
     assert result.sha256 == sha256_file(checkpoint)
+
+
+# ---------------------------------------------------------------------------------------------
+# The download marker: verified once by `hnclip download`, trusted by loads, re-hashed by the audit
+# ---------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def hash_calls(monkeypatch) -> list[str]:
+    """Every file hash computed from here on (the names data.download and the hashing module use)."""
+    calls = []
+
+    def counted(function):
+        def wrapper(path, *args, **kwargs):
+            calls.append(str(path))
+            return function(path, *args, **kwargs)
+        return wrapper
+
+    for module in (download, hashing):
+        for name in ("sha256_file", "hash_file"):
+            monkeypatch.setattr(module, name, counted(getattr(module, name)))
+    return calls
+
+
+def _downloaded(directory, state_dict) -> tuple[str, str]:
+    """A checkpoint and the `.complete` marker `hnclip download` leaves once it verified it."""
+    path = directory / "longclip-L.pt"
+    torch.save(state_dict, path)
+    sha = sha256_file(path)
+    assert download.verify_existing(path, sha) and download.read_marker(path)["sha256"] == sha
+    return path, sha
+
+
+def _replace_content(path, state_dict, keep_mtime: bool) -> str:
+    """Write other weights of the same shapes (same size); keep the old mtime, or move it on."""
+    before = path.stat()
+    torch.save(state_dict, path)
+    assert path.stat().st_size == before.st_size
+    mtime = before.st_mtime_ns if keep_mtime else before.st_mtime_ns + 10**9
+    os.utime(path, ns=(mtime, mtime))
+    return sha256_file(path)
+
+
+def test_load_trusts_a_valid_marker_and_does_not_rehash(tmp_path, longclip_sd, hash_calls):
+    path, sha = _downloaded(tmp_path, longclip_sd)
+    hash_calls.clear()
+    assert load_longclip(path, expected_sha256=sha, head_width=HEAD_WIDTH).sha256 == sha
+    with pytest.raises(ChecksumMismatchError, match="0000000000"):  # a pin the marker contradicts: refused
+        load_longclip(path, expected_sha256="0" * 64, head_width=HEAD_WIDTH)
+    assert hash_calls == []
+
+
+def test_a_changed_file_is_rehashed_and_a_wrong_hash_refused(tmp_path, longclip_sd, hash_calls):
+    path, sha = _downloaded(tmp_path, longclip_sd)
+    new_sha = _replace_content(path, make_longclip_state_dict(seed=1), keep_mtime=False)
+    hash_calls.clear()
+    with pytest.raises(ChecksumMismatchError, match=f"sha256 {new_sha} != expected {sha}"):
+        load_longclip(path, expected_sha256=sha, head_width=HEAD_WIDTH)
+    assert hash_calls == [str(path)]  # the marker no longer describes the file: re-hashed
+    assert load_longclip(path, expected_sha256=new_sha, head_width=HEAD_WIDTH).sha256 == new_sha
+
+
+def test_audit_rehashes_a_download_its_marker_still_vouches_for(tmp_path, params, longclip_sd):
+    """Only the audit notices content changed behind an intact marker (same size and mtime)."""
+    data_root = params["profiles"]["paper"]["data_root"]
+    raw = tmp_path / data_root / "longclip_l" / "raw"
+    raw.mkdir(parents=True)
+    path, sha = _downloaded(raw, longclip_sd)
+    registry = Registry(params, validate=False)
+    assert audit(tmp_path, registry) == []
+    new_sha = _replace_content(path, make_longclip_state_dict(seed=1), keep_mtime=True)
+    assert load_longclip(path, expected_sha256=sha, head_width=HEAD_WIDTH).sha256 == sha  # the marker is trusted
+    relative = f"{data_root}/longclip_l/raw/longclip-L.pt"
+    mismatch, = audit(tmp_path, registry)
+    assert (mismatch.artifact, mismatch.path) == (f"{relative}.complete", relative)
+    assert (mismatch.recorded_sha256, mismatch.actual_sha256) == (sha, new_sha)
+    assert "changed since the record was written" in mismatch.message
 
 
 # ---------------------------------------------------------------------------------------------

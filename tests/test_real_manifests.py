@@ -9,8 +9,9 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from helpers.fault_server import FAST
+from helpers.payloads import sha256, tar_gz, zip_bytes
 from PIL import Image
-from test_download import FAST, server, sha256, tar_gz, zip_bytes  # noqa: F401  (server is a fixture)
 
 from hnclip.data.download import ChecksumMismatch, ManualStepRequired, download_dataset
 from hnclip.data.manifest import ManifestRow, read_manifest

@@ -60,13 +60,45 @@ def test_gradient_probes_only_on_the_runs_the_gradient_figures_draw(params, in_p
     assert {r for r in reg_all.runs() if reg_all.probe_every(r) == every} == set(reg_all.runs())
 
 
-def test_zeroshot_and_not_implemented_rows(params, in_project):
+def test_zeroshot_row_and_baseline_runs(params, in_project):
     reg = Registry(params)
     zeroshot = {c.run_id for c in reg.cells("table1") if c.row == "longclip_zeroshot"}
     assert zeroshot == {reg.zeroshot_id()} and reg.zeroshot_id() not in reg.runs()
-    goal = [c for c in reg.cells("table1") if c.row == "goal"]
-    assert goal and all(c.run_id is None and c.status == "not implemented yet" for c in goal)
     assert all(run for run, _ in reg.evaluations())
+    goal = reg.run(next(c.run_id for c in reg.cells("table1") if c.row == "goal"))
+    assert goal.run_id.startswith(f"{goal.train_set}-goal-g0-")
+    # the framework's protocol settings and auxiliary-input settings are part of the run's identity
+    assert goal.spec["objective"]["settings"] == params["frameworks"]["goal"]
+    assert set(goal.spec["auxiliary"]) == {"segments"}
+    assert set(reg.auxiliary_inputs(goal.run_id)) == {"segments"}
+    structx = reg.run(next(c.run_id for c in reg.cells("table1") if c.row == "structxlip"))
+    assert set(reg.auxiliary_inputs(structx.run_id)) == {"segments", "edges"}
+    finelip = reg.run(next(c.run_id for c in reg.cells("table1") if c.row == "finelip"))
+    base_lr = reg.profile["recipe"]["lr"]
+    assert finelip.spec["recipe"]["lr"] == base_lr * 0.5 and finelip.spec["recipe"]["module_lr"] == base_lr * 100
+    assert reg.auxiliary_inputs(finelip.run_id) == {}
+
+
+def test_method_settings_override_the_framework_and_change_the_run(params, in_project):
+    reg = Registry(params)
+    released = reg.run_spec("docci", params["methods"]["goal"], 42, register=False)
+    fixed = reg.run_spec("docci", params["methods"]["goal_corrected"], 42, register=False)
+    assert released.run_id != fixed.run_id
+    assert fixed.spec["objective"]["settings"]["patch_size_bug"] is False
+    assert fixed.spec["objective"]["settings"]["seg_weight"] == params["frameworks"]["goal"]["seg_weight"]
+
+
+def test_optional_tables_are_planned_only_on_request(params, in_project):
+    assert "baselines_corrected" not in Registry(params).tables
+    with_optional = Registry({**params, "optional_tables": True})
+    assert "baselines_corrected" in with_optional.tables
+    assert len(with_optional.runs()) > len(Registry(params).runs())
+
+
+def test_compute_batch_is_not_part_of_a_run(params, in_project):
+    other = copy.deepcopy(params)
+    other["profiles"][other["profile"]]["recipe"]["compute_batch"] = 128
+    assert set(Registry(params).runs()) == set(Registry(other).runs())
 
 
 def test_run_id_is_readable_and_content_addressed(params, in_project):
@@ -102,15 +134,15 @@ def test_paper_profile_expands_without_data(params, in_project):
 
 
 @pytest.mark.parametrize("mutate, message", [
-    (lambda p: p["tables"]["table3a"]["vary"].update(gamma=[-0.5]), r"tables\.table3a\.vary\.gamma\.0: -0\.5 is less than the minimum of 0"),
-    (lambda p: p["methods"]["hn_clip"].update(fraction=1.5), r"methods\.hn_clip\.fraction: 1\.5 is greater than the maximum of 1"),
-    (lambda p: p["methods"]["hn_clip"].update(fraction=0), r"methods\.hn_clip\.fraction: 0 is less than or equal to the minimum of 0"),
-    (lambda p: p["profiles"]["tiny"]["datasets"].update(coco={"kind": "synthetic"}), r"profiles\.tiny\.datasets: 'coco' is not one of \['docci', 'dci', 'vg', 'urban1k'\]"),
+    (lambda p: p["tables"]["table3a"]["vary"].update(gamma=[-0.5]), r"tables\.table3a\.vary\.gamma\.0: -0\.5 is less than the minimum of 0"),  # noqa: E501
+    (lambda p: p["methods"]["hn_clip"].update(fraction=1.5), r"methods\.hn_clip\.fraction: 1\.5 is greater than the maximum of 1"),  # noqa: E501
+    (lambda p: p["methods"]["hn_clip"].update(fraction=0), r"methods\.hn_clip\.fraction: 0 is less than or equal to the minimum of 0"),  # noqa: E501
+    (lambda p: p["profiles"]["tiny"]["datasets"].update(coco={"kind": "synthetic"}), r"profiles\.tiny\.datasets: 'coco' is not one of \['docci', 'dci', 'vg', 'urban1k'\]"),  # noqa: E501
     (lambda p: p["profiles"]["tiny"]["recipe"].pop("lr"), r"profiles\.tiny\.recipe: 'lr' is a required property"),
-    (lambda p: p["profiles"]["tiny"]["recipe"].update(epochs="ten"), r"profiles\.tiny\.recipe\.epochs: 'ten' is not of type 'integer'"),
-    (lambda p: p["methods"]["hn_clip"].update(margin="stale"), r"methods\.hn_clip\.margin: 'stale' is not one of \['live', 'frozen'\]"),
-    (lambda p: p["profiles"]["tiny"]["datasets"]["docci"].update(variant="coco"), r"profiles\.tiny\.datasets\.docci\.variant: 'coco' is not one of"),
-    (lambda p: p["profiles"]["tiny"]["recipe"].update(lr_typo=1), r"profiles\.tiny\.recipe: Additional properties are not allowed.*allowed keys"),
+    (lambda p: p["profiles"]["tiny"]["recipe"].update(epochs="ten"), r"profiles\.tiny\.recipe\.epochs: 'ten' is not of type 'integer'"),  # noqa: E501
+    (lambda p: p["methods"]["hn_clip"].update(margin="stale"), r"methods\.hn_clip\.margin: 'stale' is not one of \['live', 'frozen'\]"),  # noqa: E501
+    (lambda p: p["profiles"]["tiny"]["datasets"]["docci"].update(variant="coco"), r"profiles\.tiny\.datasets\.docci\.variant: 'coco' is not one of"),  # noqa: E501
+    (lambda p: p["profiles"]["tiny"]["recipe"].update(lr_typo=1), r"profiles\.tiny\.recipe: Additional properties are not allowed.*allowed keys"),  # noqa: E501
 ])
 def test_schema_rejects_malformed_params(params, in_project, mutate, message):
     mutate(params)
@@ -119,10 +151,12 @@ def test_schema_rejects_malformed_params(params, in_project, mutate, message):
 
 
 @pytest.mark.parametrize("mutate, message", [
-    (lambda p: p["tables"]["table3a"].update(method="hn_clap"), r"tables\.table3a: unknown method 'hn_clap'; allowed values: \["),
-    (lambda p: p["tables"]["table3a"]["benchmarks"].append("coco"), r"tables\.table3a\.benchmarks\.4: unknown benchmark 'coco'"),
-    (lambda p: p.update(profile="huge"), r"profile: unknown profile 'huge'; allowed values: \['paper', 'tiny', 'tiny_seeds'\]"),
+    (lambda p: p["tables"]["table3a"].update(method="hn_clap"), r"tables\.table3a: unknown method 'hn_clap'; allowed values: \["),  # noqa: E501
+    (lambda p: p["tables"]["table3a"]["benchmarks"].append("coco"), r"tables\.table3a\.benchmarks\.4: unknown benchmark 'coco'"),  # noqa: E501
+    (lambda p: p.update(profile="huge"), r"profile: unknown profile 'huge'; allowed values: \['paper', 'tiny', 'tiny_seeds'\]"),  # noqa: E501
     (lambda p: p["profiles"]["tiny"].update(backbone="vit_h"), r"backbone: unknown backbone 'vit_h'"),
+    (lambda p: p["methods"]["goal"].update(settings={"patch_bug": False}),
+     r"methods\.goal\.settings: unknown key\(s\) \['patch_bug'\] for the goal framework"),
 ])
 def test_registry_rejects_unknown_references(params, in_project, mutate, message):
     mutate(params)
@@ -130,14 +164,11 @@ def test_registry_rejects_unknown_references(params, in_project, mutate, message
         Registry(params)
 
 
-def test_cli_validate_fails_before_any_job(tmp_path, params, in_project):
+def test_cli_validate_fails_before_any_job(empty_project, params, capsys):
     import yaml
 
     from hnclip.cli import main
     params["tables"]["table3a"]["vary"]["gamma"] = [0.5, -1]
-    bad = in_project / "tests" / f".bad-params-{tmp_path.name}.yaml"
-    bad.write_text(yaml.safe_dump(params))
-    try:
-        assert main(["--params", str(bad), "validate"]) == 2
-    finally:
-        bad.unlink()
+    (empty_project / "params.yaml").write_text(yaml.safe_dump(params))
+    assert main(["validate"]) == 2
+    assert "tables.table3a.vary.gamma.1" in capsys.readouterr().err

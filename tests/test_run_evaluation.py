@@ -5,7 +5,7 @@ import copy
 import shutil
 
 import pytest
-from fixtures_project import copy_project, micro_project  # noqa: F401  (session fixture)
+from helpers.micro_project import copy_project
 
 from hnclip.config.params import load_params
 from hnclip.config.registry import Registry

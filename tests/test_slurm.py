@@ -28,7 +28,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from test_workflow import micro_params
+from helpers.micro_project import micro_params
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -174,7 +173,8 @@ def test_long_dci_captions_extend_the_test_captions(dci_dir):
         assert short == test[id_].short_caption and dense.startswith(test[id_].caption)
         assert _words(row.caption) > _words(test[id_].caption) + 15
     counts = [_words(s.caption) for s in generate_split("dci", "test_long", 200, seed=0)]
-    assert max(counts) > 200 and min(counts) >= max(_words(s.caption) for s in generate_split("dci", "test", 200, 0)) * 0.9
+    longest_test = max(_words(s.caption) for s in generate_split("dci", "test", 200, 0))
+    assert max(counts) > 200 and min(counts) >= longest_test * 0.9
 
 
 # --- families of near-duplicates ---------------------------------------------------------------
@@ -223,9 +223,30 @@ def test_siblings_are_never_adjacent_in_the_manifest(variant):
     assert np.mean(spreads) > 50
 
 
-def test_tiny_splits_do_not_fail():
-    assert len(generate_split("docci", "test", 1, seed=0)) == 1
-    assert len(generate_split("docci", "test", 4, seed=0)) == 4  # one family: adjacency unavoidable
+# n=7 (families of 4 and 3): the only sibling-free order is 0101010, which the repair scan of
+# `_spread_families` does not find (it leaves [1, 0, 1, 0, 1, 0, 0]).
+KNOWN_CLASH = pytest.mark.xfail(strict=True, reason="_spread_families misses an order that must start "
+                                                    "and end with the larger family")
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, pytest.param(7, marks=KNOWN_CLASH), 9])
+def test_tiny_splits_are_the_leading_families_of_a_larger_split(n):
+    """A split of n rows is the first ceil(n/4) families of any larger split of the same seed, row for
+    row (same scene, image and captions), only shuffled; siblings are kept apart wherever an order
+    allows it (no family holds more than half the rows, rounded up)."""
+    small = generate_split("docci", "test", n, seed=0)
+    large = {s.id: s for s in generate_split("docci", "test", 12, seed=0)}
+    assert len(small) == len({s.id for s in small}) == n
+    family_size = VARIANTS["docci"].family_size
+    assert [(s.family, s.member) for s in sorted(small, key=lambda s: s.id)] == \
+        [(i // family_size, i % family_size) for i in range(n)]
+    for sample in small:
+        twin = large[sample.id]
+        assert (sample.caption, sample.scene, sample.edit) == (twin.caption, twin.scene, twin.edit)
+        assert np.array_equal(sample.image, twin.image)
+    families = [s.family for s in small]
+    if max(families.count(f) for f in set(families)) <= (n + 1) // 2:
+        assert all(a != b for a, b in zip(families, families[1:])), families
 
 
 def test_ids_record_variant_split_family_and_member():
@@ -257,9 +278,3 @@ def test_backgrounds_render_differently():
     signatures = list(corners.values())
     assert len(signatures) >= 8
     assert min(np.abs(a - b).sum() for i, a in enumerate(signatures) for b in signatures[i + 1:]) > 5
-
-
-def test_generation_is_fast():
-    start = time.perf_counter()
-    generate_split("docci", "train", 1000, seed=0)
-    assert time.perf_counter() - start < 10  # ~0.4 s on one core; generous for loaded machines

@@ -3,12 +3,11 @@ import json
 import math
 import subprocess
 import sys
-import textwrap
 
 import pytest
 import torch
+from helpers.training import EVALUATION, EXECUTION, KILL_SCRIPT, SPEC
 
-from hnclip.data.synthetic import write_dataset
 from hnclip.training.loop import (
     NonFiniteLossError,
     TrainJob,
@@ -16,22 +15,6 @@ from hnclip.training.loop import (
     epoch_micro_batches,
     train,
 )
-
-SPEC = {
-    "train_set": "docci", "fraction": 1.0, "seed": 7,
-    "objective": {"framework": "full", "gamma": 0.5, "lambda_tok": 1.0, "margin": "live"},
-    "recipe": {"epochs": 2, "micro_batch": 8, "grad_accum": 2, "lr": 1e-3, "weight_decay": 0.01,
-               "warmup_steps": 0, "reset_logit_scale": 100.0, "precision": "fp32"},
-}
-EXECUTION = {"device": "cpu", "threads": 1, "eval_batch_size": 64, "checkpoint_every_steps": 2,
-             "keep_epoch_weights": False}
-EVALUATION = {"recall_ks": [1, 5], "tie_rule": "pessimistic", "selection_metric": "mean_r1"}
-
-
-@pytest.fixture(scope="module")
-def tiny_data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("data")
-    return write_dataset(root / "docci", "docci", {"train": 48, "test": 24}, seed=3)
 
 
 def make_job(tiny_data, out, spec=SPEC, stop_after_steps=None):
@@ -48,17 +31,6 @@ def test_schedule_and_batches_are_deterministic():
     assert a == epoch_micro_batches(list(range(50)), 16, seed=1, epoch=0)
     assert a != epoch_micro_batches(list(range(50)), 16, seed=1, epoch=1)
     assert [len(b) for b in a] == [16, 16, 16]  # incomplete tail dropped
-
-
-KILL_SCRIPT = textwrap.dedent("""
-    import json, sys
-    from pathlib import Path
-    from hnclip.training.loop import TrainJob, train
-    args = json.loads(sys.argv[1])
-    train(TrainJob(**{**args, "train_manifest": Path(args["train_manifest"]), "out_dir": Path(args["out_dir"]),
-                      "checkpoint_dir": Path(args["checkpoint_dir"]),
-                      "eval_manifests": {k: Path(v) for k, v in args["eval_manifests"].items()}}))
-""")
 
 
 def test_killed_run_resumes_to_identical_result(tiny_data, tmp_path):
@@ -83,7 +55,7 @@ def test_killed_run_resumes_to_identical_result(tiny_data, tmp_path):
 
 
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(tiny_data, tmp_path, monkeypatch):
-    import hnclip.training.loop as train_module
+    import hnclip.training.methods as train_module  # where the loop's micro-batch terms come from
     real_terms = train_module.loss_terms
     calls = {"n": 0}
 
@@ -131,7 +103,7 @@ def test_frozen_margin_stays_constant_while_live_drifts(tiny_data):
     assert not any(p.requires_grad for p in frozen.parameters())
     data = PairDataset.from_manifest(tiny_data["train"], backbone.preprocess, backbone.tokenizer)
     images, tokens = data.batch(range(8))
-    optimizer = build_optimizer(model, 1e-3, 0.0)
+    optimizer = build_optimizer(model, {"lr": 1e-3, "weight_decay": 0.0})
     objective = {"gamma": 0.5, "lambda_tok": 0.0, "margin": "frozen"}
     g_frozen, g_live = [], []
     for _ in range(3):

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.training import EVALUATION, EXECUTION, KILL_SCRIPT, SPEC
 
 from hnclip.data.loader import PairDataset
-from hnclip.data.synthetic import write_dataset
 from hnclip.evaluation.retrieval import evaluate_model
 from hnclip.losses import hn_loss, infonce_loss, token_alignment_loss
 from hnclip.models.adapters import load_adapter_state_dict
@@ -25,16 +25,7 @@ from hnclip.training.loop import TrainJob, frozen_text_encoder, train
 from hnclip.training.objective import TOKEN_LOSS_CHUNK
 from hnclip.training.probe import GradientProbe
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_train import EVALUATION, EXECUTION, KILL_SCRIPT, SPEC  # noqa: E402
-
 ADAPTER_TARGETS = ("attn.in_proj_weight", "attn.out_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-
-
-@pytest.fixture(scope="module")
-def tiny_data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("data")
-    return write_dataset(root / "docci", "docci", {"train": 48, "test": 24}, seed=3)
 
 
 def make_job(tiny_data, out: Path, objective=None, recipe=None, execution=None, stop_after_steps=None):
@@ -143,7 +134,7 @@ def test_adapter_checkpoint_refuses_another_base(tmp_path):
     with pytest.raises(RuntimeError, match="different base weights"):
         second.restore(first.checkpoint_state(), tmp_path / "ckpt" / "last.pt")
     with pytest.raises(ValueError, match="unknown framework"):
-        TrainedModel.build(create("hnclip-tiny").model, "finelip")
+        TrainedModel.build(create("hnclip-tiny").model, "sparse_lora")
 
 
 # ---- exact large batch ---------------------------------------------------------------------------

@@ -20,6 +20,12 @@ def _registry(args: argparse.Namespace) -> Registry:
     return reg
 
 
+def _wrote(paths) -> int:
+    for path in paths:
+        print(f"wrote {path}")
+    return 0
+
+
 # ---- verbs -------------------------------------------------------------------------------------
 def cmd_validate(args) -> int:
     print(json.dumps(_registry(args).summary(), indent=2))
@@ -55,6 +61,12 @@ def cmd_subsets(args) -> int:
     return 0
 
 
+def cmd_auxiliary(args) -> int:
+    from hnclip.steps.auxiliary import build_auxiliary
+    print(f"wrote {build_auxiliary(_registry(args), args.dataset, args.kind)}")
+    return 0
+
+
 def cmd_pretrain(args) -> int:
     from hnclip.steps.train import pretrain_backbone
     record = pretrain_backbone(_registry(args), args.backbone)
@@ -83,18 +95,35 @@ def cmd_stats(args) -> int:
     return 0
 
 
+def cmd_gradient_stats(args) -> int:
+    from hnclip.steps.gradient_stats import gradient_statistics
+    print(f"wrote {gradient_statistics(_registry(args), args.figure)}")
+    return 0
+
+
 def cmd_table(args) -> int:
     from hnclip.steps.report import build_table
-    for path in build_table(_registry(args), args.table):
-        print(f"wrote {path}")
-    return 0
+    return _wrote(build_table(_registry(args), args.table))
 
 
 def cmd_figure(args) -> int:
     from hnclip.steps.report import draw_figure
-    for path in draw_figure(_registry(args), args.figure):
-        print(f"wrote {path}")
-    return 0
+    return _wrote(draw_figure(_registry(args), args.figure))
+
+
+def cmd_effects(args) -> int:
+    from hnclip.steps.claims import build_effects
+    return _wrote(build_effects(_registry(args), args.table))
+
+
+def cmd_claims(args) -> int:
+    from hnclip.steps.claims import build_claims
+    return _wrote(build_claims(_registry(args)))
+
+
+def cmd_metrics(args) -> int:
+    from hnclip.steps.metrics import write_metrics
+    return _wrote(write_metrics(_registry(args)))
 
 
 def cmd_overlap(args) -> int:
@@ -136,7 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hnclip", description=__doc__)
     parser.add_argument("--params", default="params.yaml", help="experiment registry (default: params.yaml)")
     parser.add_argument("--profile", default=None, help="override params.yaml's profile (tiny, paper)")
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: the profile's execution.threads)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads (default: the profile's execution.threads)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def verb(name: str, func, help_text: str) -> argparse.ArgumentParser:
@@ -155,6 +185,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mirror", default=None, help="base URL of a mirror (default: $HNCLIP_MIRROR or the source's URL)")
     p = verb("subsets", cmd_subsets, "write the nested training subsets (5/20/50/100 %%) of a dataset role")
     p.add_argument("dataset")
+    p = verb("auxiliary", cmd_auxiliary, "build a training set's auxiliary inputs for the baselines")
+    p.add_argument("kind", choices=("segments", "edges"), help="GOAL's LISM segments, or StructXLIP's edge maps")
+    p.add_argument("--dataset", required=True, help="training set (docci, dci, vg)")
     p = verb("pretrain", cmd_pretrain, "pretrain the embedded backbone on its synthetic corpus")
     p.add_argument("--backbone")
     p = verb("train", cmd_train, "train one run (resumes from its last checkpoint; torchrun for several GPUs)")
@@ -166,10 +199,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--benchmark", required=True)
     p = verb("stats", cmd_stats, "caption geometry of a benchmark's test captions under the backbone")
     p.add_argument("--benchmark", required=True)
+    p = verb("gradient-stats", cmd_gradient_stats, "statistics of a gradient figure (Fig. 4, A8) from its probe logs")
+    p.add_argument("figure")
     p = verb("table", cmd_table, "build a table of params.yaml (md, tex, csv + provenance)")
     p.add_argument("table")
     p = verb("figure", cmd_figure, "draw a figure of params.yaml's figures (png, pdf)")
     p.add_argument("figure")
+    p = verb("effects", cmd_effects, "a table's contrasts and cells with bootstrap intervals (results/effects/)")
+    p.add_argument("table")
+    verb("claims", cmd_claims, "judge every claim of the paper: results/claims.csv and results/claims.md")
+    verb("metrics", cmd_metrics, "headline numbers and convergence curves for dvc metrics / dvc plots")
     p = verb("overlap", cmd_overlap, "perceptual-hash overlap between a training and a test set")
     p.add_argument("--train", default="vg")
     p.add_argument("--test", default="urban1k")

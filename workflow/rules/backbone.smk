@@ -14,11 +14,12 @@ rule pretrain_backbone:
         "logs/backbones/{backbone}.log",
     benchmark:
         "logs/backbones/{backbone}.benchmark.tsv"
-    threads: workflow.cores  # runs alone at the head of the DAG
+    threads: PRETRAIN_THREADS
     resources:
         gpu=USES_GPU,
-    # Alone on every core, so its OpenMP threads may spin between parallel regions (faster than
-    # hnclip's default passive wait, which only matters when jobs share cores).
+        mem_mb=PRETRAIN_MEM_MB,
+    # Its cores are its own (Snakemake reserves them), so its OpenMP threads may spin between
+    # parallel regions (faster than hnclip's default passive wait, which matters when jobs share cores).
     shell:
         f"OMP_WAIT_POLICY=ACTIVE {HNCLIP} --threads {{threads}} pretrain --backbone {{wildcards.backbone}} > {{log}} 2>&1"
 
@@ -28,5 +29,7 @@ rule download_longclip:
         weights=f"{DATA_ROOT}/longclip_l/raw/longclip-L.pt",
     log:
         f"logs/{PROFILE}/data/longclip_l.log",
+    benchmark:
+        f"logs/{PROFILE}/data/longclip_l.benchmark.tsv"
     shell:
         f"{HNCLIP} --threads {{threads}} download longclip_l > {{log}} 2>&1"

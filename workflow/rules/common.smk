@@ -5,7 +5,7 @@ import sys
 from hnclip.config import paths
 from hnclip.config.params import validate_params
 from hnclip.provenance.hashing import canonical_json
-from hnclip.config.constants import PRETRAIN_ROLE
+from hnclip.config.constants import PRETRAIN_ROLE, STRONGEST_BASELINE_TABLE
 from hnclip.steps.data import dataset_generation
 from hnclip.training.jobs import pretrain_spec
 from hnclip.config.registry import Registry, with_generator_digest
@@ -64,7 +64,8 @@ def train_inputs(wildcards):
     run = REG.run(wildcards.run)
     tests = {REG.params["benchmarks"][b]["test"]["dataset"] for b in REG.eval_benchmarks(run.train_set)}
     return {"init": backbone_weights(), "train_data": dataset_marker(run.train_set),
-            "test_data": sorted(str(dataset_marker(role)) for role in tests)}
+            "test_data": sorted(str(dataset_marker(role)) for role in tests),
+            "auxiliary": [str(path) for path in REG.auxiliary_inputs(wildcards.run).values()]}
 
 
 def evaluate_inputs(wildcards):
@@ -87,8 +88,13 @@ def figure_inputs(wildcards):
     tables = REG.figure_tables(wildcards.figure)
     if not tables:  # caption-geometry figures
         return [str(paths.stats(bench)) for bench in config["benchmarks"]]
-    return [str(paths.evaluation(run, bench)) for run, bench in REG.evaluations(tables)] + \
+    inputs = [str(paths.evaluation(run, bench)) for run, bench in REG.evaluations(tables)] + \
         [str(paths.table(t, "csv")) for t in tables]
+    if wildcards.figure in GRADIENT_FIGURES:  # its statistics (computed from the runs' probe logs)
+        inputs.append(str(stats_path(wildcards.figure)))
+    if config["figures"][wildcards.figure]["kind"] == "sample_efficiency":  # the strongest-baseline line
+        inputs.append(str(paths.table(STRONGEST_BASELINE_TABLE, "csv")))
+    return inputs
 
 
 def timing_inputs(wildcards):
@@ -98,6 +104,8 @@ def timing_inputs(wildcards):
 
 def all_targets():
     targets = []
+    targets += gradient_stats_targets()
+    targets += claims_targets()
     for table in REG.tables:
         targets += [str(paths.table(table, ext)) for ext in ("md", "tex", "csv")]
     targets += [str(paths.figure(name, ext)) for name in config["figures"] for ext in ("png", "pdf")]
@@ -107,4 +115,45 @@ def all_targets():
     targets += [str(paths.table(TIMING_TABLE, ext)) for ext in ("md", "csv")]
     # The data-fraction subsets as records (training derives the same ids from the same seed).
     targets += [str(paths.subsets(DATA_ROOT, b["train"])) for b in config["benchmarks"].values()]
+    targets += [str(dvc_metrics.METRICS), str(dvc_metrics.CONVERGENCE)]  # for dvc metrics / dvc plots
     return targets
+
+
+# ---- DVC metrics and plots; threads, memory and GPU slots -----------------------------------------
+from hnclip.report import metrics as dvc_metrics  # where `hnclip metrics` writes (rule metrics)
+
+# Pretraining (the embedded backbone's) runs alone at the head of the DAG, on a fixed number of
+# threads rather than all cores: its float reductions depend on the thread count, so the initial
+# weights must not change with the machine (Snakemake lowers it where --cores is lower). The SLURM
+# profile books as many CPUs.
+PRETRAIN_THREADS = 8
+PRETRAIN_MEM_MB = 4000
+# Host memory (MB) a job may use: what `--resources mem_mb=<RAM>` budgets on one machine and what a
+# cluster executor books (the SLURM profile's set-resources carry the paper-scale values again, and a
+# test keeps the two equal). Model-bound jobs scale with the backbone; `dataset` with the data kind.
+MEM_MB = {
+    "longclip": {"train": 64000, "evaluate": 32000, "caption_stats": 32000},
+    "pretrained_here": {"train": 4000, "evaluate": 3000, "caption_stats": 3000},
+}[BACKBONE_SPEC["kind"]]
+DATASET_MEM_MB = {"real": 16000, "synthetic": 2000}  # unpacking and converting a download vs generating
+LIGHT_MEM_MB = 1000  # a job that reads JSON records
+
+
+def dataset_mem_mb(wildcards):
+    return DATASET_MEM_MB[dataset_generation(REG, wildcards.dataset)["kind"]]
+
+
+def evaluation_encodes(wildcards):
+    """Does `hnclip evaluate` load and run a model here (hnclip.steps.evaluate)? Only for the
+    zero-shot backbone and for benchmarks outside the run's training-time evaluation; otherwise it
+    selects from the training record."""
+    run = wildcards.run
+    return REG.is_zeroshot(run) or wildcards.benchmark not in REG.eval_benchmarks(REG.run(run).train_set)
+
+
+def evaluation_gpu(wildcards):
+    return USES_GPU if evaluation_encodes(wildcards) else 0
+
+
+def evaluation_mem_mb(wildcards):
+    return MEM_MB["evaluate"] if evaluation_encodes(wildcards) else LIGHT_MEM_MB

@@ -7,6 +7,8 @@ rule download:
         record=f"{DATA_ROOT}/{{source}}/download.json",
     log:
         f"logs/{PROFILE}/download/{{source}}.log",
+    benchmark:
+        f"logs/{PROFILE}/download/{{source}}.benchmark.tsv"
     retries: 2
     shell:
         f"{HNCLIP} download {{wildcards.source}} > {{log}} 2>&1"
@@ -22,6 +24,10 @@ rule dataset:
         spec=lambda w: canonical_json(with_generator_digest(dataset_generation(REG, w.dataset))),
     log:
         f"logs/{PROFILE}/data/{{dataset}}.log",
+    benchmark:
+        f"logs/{PROFILE}/data/{{dataset}}.benchmark.tsv"
+    resources:
+        mem_mb=dataset_mem_mb,
     shell:
         f"{HNCLIP} data {{wildcards.dataset}} > {{log}} 2>&1"
 
@@ -34,5 +40,7 @@ rule subsets:
         f"{DATA_ROOT}/{{dataset}}/subsets.json",
     log:
         f"logs/{PROFILE}/subsets/{{dataset}}.log",
+    benchmark:
+        f"logs/{PROFILE}/subsets/{{dataset}}.benchmark.tsv"
     shell:
         f"{HNCLIP} subsets {{wildcards.dataset}} > {{log}} 2>&1"

@@ -12,6 +12,11 @@ rule evaluate:
         evaluation=canonical_json(config["evaluation"]),
     log:
         "logs/evals/{run}/{benchmark}.log",
+    benchmark:
+        "logs/evals/{run}/{benchmark}.benchmark.tsv"
     threads: EXECUTION["threads"]
+    resources:  # a GPU slot and the model's memory only where it encodes
+        gpu=evaluation_gpu,
+        mem_mb=evaluation_mem_mb,
     shell:
         f"{HNCLIP} --threads {{threads}} evaluate --run {{wildcards.run}} --benchmark {{wildcards.benchmark}} > {{log}} 2>&1"

@@ -5,11 +5,17 @@ rule caption_stats:
     input:
         backbone=backbone_weights(),
         data=lambda w: test_data(w.benchmark),
+        train_data=lambda w: dataset_marker(config["benchmarks"][w.benchmark]["train"]),  # Fig. A5's batch
     output:
         "results/stats/{benchmark}.json",
     log:
         f"logs/{PROFILE}/stats/{{benchmark}}.log",
+    benchmark:
+        f"logs/{PROFILE}/stats/{{benchmark}}.benchmark.tsv"
     threads: EXECUTION["threads"]
+    resources:  # encodes on the profile's device, in a GPU slot
+        gpu=USES_GPU,
+        mem_mb=MEM_MB["caption_stats"],
     shell:
         f"{HNCLIP} --threads {{threads}} stats --benchmark {{wildcards.benchmark}} > {{log}} 2>&1"
 
@@ -26,6 +32,8 @@ rule caption_geometry_table:
         provenance=f"results/tables/{CAPTION_GEOMETRY_TABLE}.provenance.json",
     log:
         f"logs/{PROFILE}/tables/{CAPTION_GEOMETRY_TABLE}.log",
+    benchmark:
+        f"logs/{PROFILE}/tables/{CAPTION_GEOMETRY_TABLE}.benchmark.tsv"
     shell:
         f"{HNCLIP} table {CAPTION_GEOMETRY_TABLE} > {{log}} 2>&1"
 
@@ -39,6 +47,8 @@ rule overlap_check:
         "results/overlap/vg__urban1k.json",
     log:
         f"logs/{PROFILE}/overlap.log",
+    benchmark:
+        f"logs/{PROFILE}/overlap.benchmark.tsv"
     threads: EXECUTION["threads"]
     shell:
         f"{HNCLIP} --threads {{threads}} overlap --train vg --test urban1k > {{log}} 2>&1"

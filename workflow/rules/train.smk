@@ -23,5 +23,6 @@ rule train:
     threads: EXECUTION["threads"]
     resources:
         gpu=USES_GPU * GPUS_PER_RUN,
+        mem_mb=MEM_MB["train"],
     shell:
         f"{TRAIN_LAUNCHER} --threads {{threads}} train --run-id {{wildcards.run}} > {{log}} 2>&1"

@@ -11,10 +11,12 @@ from typing import Any
 
 import jsonschema
 import yaml
+from jsonschema.exceptions import best_match
 
 from hnclip.errors import UserError
 
 SCHEMA_RELPATH = Path("workflow/schemas/params.schema.yaml")
+MAX_REPORTED = 10  # schema errors named in one ParamsError
 
 
 class ParamsError(UserError, ValueError):
@@ -36,33 +38,37 @@ def _key_path(error: jsonschema.ValidationError) -> str:
 def _allowed_values(error: jsonschema.ValidationError) -> str:
     schema = error.schema if isinstance(error.schema, dict) else {}
     if "enum" in schema:
-        return f"; allowed values: {schema['enum']}"
+        return f", allowed values: {schema['enum']}"
     if "const" in schema:
-        return f"; allowed value: {schema['const']!r}"
+        return f", allowed value: {schema['const']!r}"
     if error.validator == "additionalProperties" and "properties" in schema:
-        return f"; allowed keys: {sorted(schema['properties'])}"
+        return f", allowed keys: {sorted(schema['properties'])}"
     if error.validator == "propertyNames" and "enum" in schema.get("propertyNames", {}):
-        return f"; allowed keys: {schema['propertyNames']['enum']}"
+        return f", allowed keys: {schema['propertyNames']['enum']}"
     return ""
 
 
 def _describe(error: jsonschema.ValidationError) -> str:
-    # Descend into the most specific sub-error of oneOf/anyOf/allOf so the message names a leaf key.
-    while error.context:
-        error = max(error.context, key=lambda e: len(e.absolute_path))
+    # best_match descends into oneOf/anyOf sub-errors to the one that most likely names the mistake
+    error = best_match([error])
     allowed = _allowed_values(error)
     if allowed and allowed.split(": ", 1)[1] in error.message:
         allowed = ""  # jsonschema's own message already lists them
-    return f"params.yaml: {_key_path(error)}: {error.message}{allowed}"
+    return f"{_key_path(error)}: {error.message}{allowed}"
 
 
 def validate_params(params: Any, schema_path: str | Path | None = None) -> None:
+    """Raise ParamsError naming up to MAX_REPORTED schema errors, one per line and separated by "; " so
+    that the CLI's one-line form stays readable; shallower keys first (as best_match ranks them), then
+    in the schema's order."""
     schema_path = Path(schema_path) if schema_path else find_project_root() / SCHEMA_RELPATH
     schema = yaml.safe_load(schema_path.read_text())
-    validator = jsonschema.Draft202012Validator(schema)
-    errors = sorted(validator.iter_errors(params), key=lambda e: (len(e.absolute_path), str(e.absolute_path)))
+    errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(params), key=lambda e: len(e.path))
     if errors:
-        raise ParamsError("\n".join(_describe(error) for error in errors[:10]))
+        lines = [_describe(error) for error in errors[:MAX_REPORTED]]
+        if len(errors) > MAX_REPORTED:
+            lines.append(f"and {len(errors) - MAX_REPORTED} more")
+        raise ParamsError("params.yaml: " + ";\n".join(lines))
 
 
 def load_params(path: str | Path = "params.yaml", overrides: dict[str, Any] | None = None) -> dict:

@@ -6,6 +6,7 @@ from pathlib import Path
 RESULTS = Path("results")
 FIGURES = Path("figures")
 CHECKPOINTS = Path(".cache/checkpoints")  # outside Snakemake's outputs: survives a failed job
+EVAL_CACHE = Path(".cache/initial_eval")  # evaluations of initial weights, shared by the runs that start from them
 
 
 def manifest(data_root: str, dataset: str, split: str) -> Path:
@@ -14,6 +15,16 @@ def manifest(data_root: str, dataset: str, split: str) -> Path:
 
 def dataset_dir(data_root: str, dataset: str) -> Path:
     return Path(data_root) / dataset
+
+
+def auxiliary_dir(data_root: str, dataset: str, kind: str) -> Path:
+    """A training set's auxiliary inputs of one kind (segments: GOAL's LISM pairs; edges)."""
+    return Path(data_root) / dataset / "auxiliary" / kind
+
+
+def auxiliary_index(data_root: str, dataset: str, kind: str) -> Path:
+    """The JSONL index of an auxiliary input (one row per training image)."""
+    return auxiliary_dir(data_root, dataset, kind) / f"{kind}.jsonl"
 
 
 def backbone_dir(name: str) -> Path:
@@ -37,10 +48,6 @@ def run_model(run_id: str) -> Path:
 
 def run_record(run_id: str) -> Path:
     return run_dir(run_id) / "train.json"
-
-
-def run_steps(run_id: str) -> Path:
-    return run_dir(run_id) / "steps.jsonl"
 
 
 def checkpoint_dir(run_id: str) -> Path:

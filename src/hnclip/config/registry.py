@@ -14,8 +14,10 @@ from typing import Any
 from hnclip.config import paths
 from hnclip.config.constants import (
     ADAPTER_FRAMEWORKS,
+    AUXILIARY_INPUTS,
+    BASELINE_FRAMEWORKS,
     DEFAULT_ADAPTER,
-    TRAINED_FRAMEWORKS,
+    RUNNABLE_FRAMEWORKS,
 )
 from hnclip.config.params import ParamsError, validate_params
 from hnclip.errors import UnknownNameError
@@ -60,12 +62,18 @@ class Cell:
 
 
 def method_recipe(recipe: dict, method: dict) -> dict:
-    """The profile's recipe with a method's own settings: its learning-rate multiplier (PEFT
-    adapters train at a higher rate than full fine-tuning: 5e-5 vs 2e-6 in the paper) and its
-    adapter shape. Absent settings add no key, so other runs keep their identity."""
-    recipe = dict(recipe)
+    """The profile's recipe with a method's own settings: its learning-rate multipliers (PEFT
+    adapters train at 25x the full fine-tuning rate, 5e-5 vs 2e-6 in the paper; FineLIP's backbone
+    at 0.5x and its cross-modal module at 100x; GOAL and StructXLIP at 2.5x), its own optimizer
+    settings (`recipe`: e.g. weight decay) and its adapter shape. Absent settings add no key, so
+    other runs keep their identity. `compute_batch` is an execution choice: never in a run's recipe."""
+    base_lr = recipe["lr"]
+    recipe = {key: value for key, value in recipe.items() if key != "compute_batch"}
+    recipe.update(method.get("recipe", {}))
     if method.get("lr_scale", 1.0) != 1.0:
-        recipe["lr"] = recipe["lr"] * method["lr_scale"]
+        recipe["lr"] = base_lr * method["lr_scale"]
+    if "module_lr_scale" in method:
+        recipe["module_lr"] = base_lr * method["module_lr_scale"]
     if method["framework"] in ADAPTER_FRAMEWORKS:
         recipe["adapter"] = {**DEFAULT_ADAPTER, **method.get("adapter", {})}
     return recipe
@@ -73,7 +81,8 @@ def method_recipe(recipe: dict, method: dict) -> dict:
 
 def pretrain_dataset(pretrain: dict) -> dict:
     """The synthetic corpus a backbone is pretrained on, as a dataset realisation."""
-    return {"kind": "synthetic", "variant": pretrain["variant"], "sizes": pretrain["sizes"], "seed": pretrain["data_seed"]}
+    return {"kind": "synthetic", "variant": pretrain["variant"], "sizes": pretrain["sizes"],
+            "seed": pretrain["data_seed"]}
 
 
 def with_generator_digest(dataset: dict) -> dict:
@@ -110,7 +119,9 @@ class Registry:
         self.profile = profiles[self.profile_name]
         self._check_references()
         self._runs: dict[str, RunSpec] = {}
-        self._cells: dict[str, list[Cell]] = {name: self._expand_table(name) for name in params["tables"]}
+        # Tables marked `optional` are planned only with `optional_tables: true` (a config switch).
+        self._cells: dict[str, list[Cell]] = {name: self._expand_table(name) for name, table in params["tables"].items()
+                                              if not table.get("optional") or params.get("optional_tables")}
 
     # ---- validation of cross-references (the schema cannot see them) -------------------------
     def _check_references(self) -> None:
@@ -141,6 +152,12 @@ class Registry:
                     if bench not in table["benchmarks"]:
                         raise ParamsError(f"params.yaml: tables.{tname}.rows.{i}.benchmarks: {bench!r} is not one "
                                           f"of the table's benchmarks {table['benchmarks']}")
+        for mname, method in p["methods"].items():
+            unknown = set(method.get("settings", {})) - set(p["frameworks"].get(method["framework"], {}))
+            if unknown:
+                raise ParamsError(f"params.yaml: methods.{mname}.settings: unknown key(s) {sorted(unknown)} for the "
+                                  f"{method['framework']} framework; allowed keys: "
+                                  f"{sorted(p['frameworks'].get(method['framework'], {}))}")
         for tname, table in p["derived_tables"].items():
             if tname in p["tables"]:
                 raise ParamsError(f"params.yaml: derived_tables.{tname}: the name is also a table of `tables`")
@@ -234,6 +251,11 @@ class Registry:
             "objective": {key: objective[key] for key in OBJECTIVE_KEYS},
             "recipe": method_recipe(self.profile["recipe"], objective),
         }
+        framework = objective["framework"]
+        if framework in BASELINE_FRAMEWORKS:  # its protocol settings and the auxiliary inputs it reads
+            spec["objective"]["settings"] = {**self.params["frameworks"][framework], **objective.get("settings", {})}
+            aux = self.profile.get("auxiliary", {})
+            spec["auxiliary"] = {name: aux.get(name) for name in AUXILIARY_INPUTS.get(framework, ())}
         spec["objective"]["gamma"] = float(spec["objective"]["gamma"])
         spec["objective"]["lambda_tok"] = float(spec["objective"]["lambda_tok"])
         run_id, digest = make_run_id(spec)
@@ -266,7 +288,7 @@ class Registry:
     def _cell_run(self, recipe: dict, train_set: str, seed: int) -> str | None:
         if recipe["framework"] == ZEROSHOT:
             return self.zeroshot_id()
-        if recipe["framework"] not in TRAINED_FRAMEWORKS:
+        if recipe["framework"] not in RUNNABLE_FRAMEWORKS:
             return None
         return self.run_spec(train_set, recipe, seed, recipe.get("fraction", 1.0)).run_id
 
@@ -313,6 +335,18 @@ class Registry:
         pairs = {(c.run_id, c.benchmark) for t in (tables or self.tables) for c in self.cells(t) if c.run_id}
         return sorted(pairs)
 
+    def auxiliary_inputs(self, run_id: str) -> dict:
+        """kind -> JSONL index of the auxiliary inputs a run trains on (GOAL, StructXLIP), else {}."""
+        run = self.run(run_id)
+        kinds = AUXILIARY_INPUTS.get(run.spec["objective"]["framework"], ())
+        return {kind: paths.auxiliary_index(self.profile["data_root"], run.train_set, kind) for kind in kinds}
+
+    def auxiliary_builds(self) -> list[tuple[str, str]]:
+        """(training set, kind) of every auxiliary input a planned run needs."""
+        needed = {(run.train_set, kind) for run in self.runs().values()
+                  for kind in AUXILIARY_INPUTS.get(run.spec["objective"]["framework"], ())}
+        return sorted(needed)
+
     def is_zeroshot(self, run_id: str) -> bool:
         return run_id == self.zeroshot_id()
 
@@ -321,10 +355,15 @@ class Registry:
         return [name for name, b in self.params["benchmarks"].items() if b["train"] == train_set]
 
     def test_manifest(self, benchmark: str):
+        if benchmark not in self.params["benchmarks"]:
+            raise UnknownNameError(f"unknown benchmark {benchmark!r}; "
+                                   f"allowed values: {sorted(self.params['benchmarks'])}")
         test = self.params["benchmarks"][benchmark]["test"]
         return paths.manifest(self.profile["data_root"], test["dataset"], test["split"])
 
     def train_manifest(self, train_set: str):
+        if train_set not in self.profile["datasets"]:
+            raise UnknownNameError(f"unknown dataset {train_set!r}; allowed values: {sorted(self.profile['datasets'])}")
         return paths.manifest(self.profile["data_root"], train_set, "train")
 
     def used_datasets(self) -> list[str]:

@@ -3,9 +3,13 @@
 A file is fetched into `<dest>.part`, resuming with an HTTP Range request from the bytes already
 there. Only a .part whose hash matches is renamed onto `<dest>`, and only then is the marker
 `<dest>.complete` written (size, mtime, hashes). So `dest` existing means "verified", and a later call
-trusts the marker instead of re-hashing gigabytes. Transient failures (connection errors, HTTP 5xx,
-bodies shorter than their Content-Length) are retried with exponential backoff; everything else fails
-at once with a `DownloadError` that says what to do.
+trusts the marker instead of re-hashing gigabytes. Each request retries connection failures and
+HTTP 429/5xx answers itself (urllib3 `Retry`: exponential backoff, Retry-After honoured); a body that
+breaks off mid-way is resumed from the .part. Everything else fails at once with a `DownloadError`
+that says what to do.
+
+Files hosted on the Hugging Face Hub (`hub_repo` in sources.py) are fetched with `hf_hub_download` at
+their pinned commit instead, then verified and marked the same way.
 
 `download_dataset` applies this to every automatic file of a source (see sources.py) and unpacks its
 archives into `<root>/<source>/extracted/`: each archive is unpacked into a temporary folder first,
@@ -13,6 +17,7 @@ then moved into place, and its marker in `extracted/.complete/` is written last.
 """
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import logging
 import os
@@ -22,7 +27,6 @@ import socket
 import sys
 import tarfile
 import tempfile
-import time
 import zipfile
 import zlib
 from dataclasses import dataclass, field
@@ -30,18 +34,21 @@ from pathlib import Path
 
 import requests
 import urllib3.exceptions
+from requests.adapters import HTTPAdapter
 from tqdm import tqdm
+from urllib3.util import Retry
 
-from hnclip.data.sources import Source, SourceFile, get_source, resolve_url
+from hnclip.data.sources import MIRROR_ENV, Source, SourceFile, get_source, mirror_base, resolve_url
 from hnclip.errors import UserError
 from hnclip.io import read_json, write_json
 from hnclip.provenance.hashing import hash_file, sha256_file
 
 log = logging.getLogger(__name__)
 
-CHUNK = 1 << 20          # hashing and copying
+CHUNK = 1 << 20          # copying archive members
 STREAM_CHUNK = 1 << 18   # network reads: a dropped connection loses at most the chunk in flight
 SUPPORTED_HASHES = ("sha256", "md5", "sha1")
+RETRY_STATUSES = frozenset({429, *range(500, 600)})  # answers worth asking again; any other error is final
 
 
 class DownloadError(UserError, RuntimeError):
@@ -67,12 +74,8 @@ class ArchiveError(DownloadError):
     """An archive that cannot be unpacked safely: corrupt, truncated, or with unsafe member paths."""
 
 
-class _Transient(Exception):
-    """A failure worth retrying; `unreachable` if the host could not be contacted at all."""
-
-    def __init__(self, reason: str, unreachable: bool = False):
-        super().__init__(reason)
-        self.unreachable = unreachable
+class _Interrupted(Exception):
+    """A response whose body broke off (or answered the wrong byte range): resume from the .part."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -154,8 +157,21 @@ def verify_existing(dest: str | os.PathLike, expected: str | None, algorithm: st
 
 
 # ---------------------------------------------------------------------------------------------
-# One file
+# One file over plain HTTP
 # ---------------------------------------------------------------------------------------------
+
+def retrying_session(retries: int = 4, backoff: float = 1.0) -> requests.Session:
+    """A Session whose requests retry connection failures and 429/5xx answers up to `retries` times,
+    `backoff` * 2**n seconds apart (or as long as a Retry-After header asks)."""
+    retry = Retry(total=retries, backoff_factor=backoff, status_forcelist=RETRY_STATUSES,
+                  allowed_methods=frozenset({"GET", "HEAD"}), respect_retry_after_header=True,
+                  raise_on_status=False)  # the last 429/5xx comes back as a response: _fetch_once words the error
+    adapter = HTTPAdapter(max_retries=retry)
+    session = requests.Session()
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    return session
+
 
 def download_file(url: str, dest: str | os.PathLike, expected_hash: str | None, algorithm: str = "sha256",
                   retries: int = 4, backoff: float = 1.0, progress: bool = True,
@@ -163,9 +179,10 @@ def download_file(url: str, dest: str | os.PathLike, expected_hash: str | None, 
                   timeout: tuple[float, float] = (10.0, 60.0)) -> Path:
     """Fetch `url` to `dest`, resuming and retrying; return `dest` once it verifies.
 
-    `expected_hash=None` accepts any content (the sha256 seen is logged and kept in the marker so
-    it can be pinned). A checksum mismatch deletes the .part and raises ChecksumMismatch; it is not
-    retried, since the server would most likely send the same bytes again.
+    `session` defaults to `retrying_session(retries, backoff)`. `expected_hash=None` accepts any
+    content (the sha256 seen is logged and kept in the marker so it can be pinned). A checksum
+    mismatch deletes the .part and raises ChecksumMismatch; it is not retried, since the server would
+    most likely send the same bytes again.
     """
     _check_algorithm(algorithm)
     dest = Path(dest)
@@ -175,75 +192,87 @@ def download_file(url: str, dest: str | os.PathLike, expected_hash: str | None, 
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = part_path(dest)
     own_session = session is None
-    session = session or requests.Session()
+    session = session or retrying_session(retries, backoff)
     try:
-        _fetch_with_retries(session, url, dest, part, expected_hash, algorithm, retries, backoff, progress, timeout)
+        _fetch_resuming(session, url, dest, part, expected_hash, algorithm, retries, backoff, progress, timeout)
     finally:
         if own_session:
             session.close()
-    try:
-        hashes = _verify(part, expected_hash, algorithm, expected_size, url)
-    except ChecksumMismatch:
-        part.unlink(missing_ok=True)  # a wrong body must not be resumed from
-        raise
-    os.replace(part, dest)
-    _write_marker(dest, hashes, algorithm, expected_hash, url)
+    _commit_verified(part, dest, expected_hash, algorithm, expected_size, url)
     return dest
 
 
-def _fetch_with_retries(session, url, dest, part, expected_hash, algorithm, retries, backoff, progress, timeout) -> None:
-    last: _Transient | None = None
-    attempts = retries + 1
-    for attempt in range(attempts):
-        if attempt:
-            delay = backoff * 2 ** (attempt - 1)
-            log.warning("%s: %s; retry %d/%d in %.3g s", url, last, attempt, retries, delay)
-            time.sleep(delay)
+def _commit_verified(fetched: Path, dest: Path, expected: str | None, algorithm: str, expected_size: int | None,
+                     url: str | None) -> None:
+    """Verify `fetched`, move it onto `dest` and write the marker; a wrong body is deleted."""
+    try:
+        hashes = _verify(fetched, expected, algorithm, expected_size, url or str(dest))
+    except ChecksumMismatch:
+        fetched.unlink(missing_ok=True)  # a wrong body must not be resumed from
+        raise
+    os.replace(fetched, dest)
+    _write_marker(dest, hashes, algorithm, expected, url)
+
+
+def _fetch_resuming(session, url, dest, part, expected_hash, algorithm, retries, backoff, progress, timeout) -> None:
+    """Fetch into `part` until its body is complete. The session's Retry cannot help once a response
+    has been handed over, so a body that breaks off is resumed here, counted and spaced by a Retry too."""
+    resumes = Retry(total=retries, backoff_factor=backoff)
+    while True:
         try:
             _fetch_once(session, url, part, progress, timeout)
             return
-        except _Transient as failure:
-            last = failure
-    if last is not None and last.unreachable:
-        raise OfflineError(
-            f"could not reach the host of {url} in {attempts} attempt(s) ({last}). We seem to be offline "
-            f"(or the host is down). Fetch the file by hand and put it at {dest}"
-            + (f" ({algorithm} {expected_hash})" if expected_hash else "")
+        except _Interrupted as broken:
+            try:
+                resumes = resumes.increment(method="GET", url=url, error=broken)
+            except urllib3.exceptions.MaxRetryError:
+                raise DownloadError(f"gave up on {url} after {len(resumes.history) + 1} attempt(s): {broken}. "
+                                    f"The bytes so far are kept in {part}; rerunning resumes from there.") from None
+            log.warning("%s: %s; resuming (%d/%d)", url, broken, len(resumes.history), retries)
+            resumes.sleep()
+        except (requests.ConnectionError, requests.Timeout) as error:  # the session has retried already
+            if _is_unreachable(error):
+                raise OfflineError(_offline_message(url, _describe(error), dest, algorithm, expected_hash)) from error
+            raise DownloadError(f"gave up on {url} after {retries + 1} attempt(s): {_describe(error)}. "
+                                f"Rerunning resumes from the bytes kept in {part}.") from error
+
+
+def _offline_message(what: str, reason: str, dest: Path, algorithm: str, expected: str | None) -> str:
+    return (f"could not reach the host of {what} ({reason}). We seem to be offline (or the host is down). "
+            f"Fetch the file by hand and put it at {dest}" + (f" ({algorithm} {expected})" if expected else "")
             + "; the next run verifies it and carries on.")
-    raise DownloadError(f"gave up on {url} after {attempts} attempt(s): {last}. The bytes so far are kept in "
-                        f"{part}; rerunning resumes from there.")
 
 
 def _fetch_once(session: requests.Session, url: str, part: Path, progress: bool, timeout) -> None:
-    """One request: append to (or restart) the .part. Raises _Transient for anything retryable."""
+    """One request: append to (or restart) the .part. Raises _Interrupted when the body is incomplete."""
     offset = part.stat().st_size if part.exists() else 0
     headers = {"Accept-Encoding": "identity"}  # byte ranges and hashes refer to the stored bytes
     if offset:
         headers["Range"] = f"bytes={offset}-"
-    try:
-        response = session.get(url, headers=headers, stream=True, timeout=timeout)
-    except (requests.ConnectionError, requests.Timeout) as error:
-        raise _Transient(_describe(error), unreachable=_is_unreachable(error)) from error
-    with response:
+    with session.get(url, headers=headers, stream=True, timeout=timeout) as response:
         status = response.status_code
         if status == 416:
             _handle_unsatisfiable_range(response, part, offset)
             return
-        if status == 429 or status >= 500:
-            raise _Transient(f"HTTP {status} {response.reason}")
+        if status in RETRY_STATUSES:
+            retried = response.raw.retries
+            attempts = len(retried.history) + 1 if retried else 1
+            raise DownloadError(f"gave up on {url} after {attempts} attempt(s): HTTP {status} {response.reason}. "
+                                f"The host is failing; rerun later" + (f" (the bytes so far are kept in {part})."
+                                                                       if offset else "."))
         if status not in (200, 206):
             raise DownloadError(f"HTTP {status} {response.reason} for {url}; not retried. Check the URL in "
                                 f"hnclip/data/sources.py (or the mirror), or fetch the file by hand.")
         if status == 206 and _range_start(response) != offset:
             part.unlink(missing_ok=True)
-            raise _Transient("server answered a different byte range than asked; restarting from zero")
+            raise _Interrupted("server answered a different byte range than asked; restarting from zero")
         if status == 200 and offset:
             log.warning("%s: server ignored the Range request; restarting from zero", url)
             offset = 0
         total = _total_length(response, status, offset)
         received = _stream_body(response, part, offset, total, progress)
     if total is not None and offset + received < total:
-        raise _Transient(f"body truncated: have {offset + received} of {total} bytes")
+        raise _Interrupted(f"body truncated: have {offset + received} of {total} bytes")
 
 
 def _stream_body(response: requests.Response, part: Path, offset: int, total: int | None, progress: bool) -> int:
@@ -259,7 +288,7 @@ def _stream_body(response: requests.Response, part: Path, offset: int, total: in
                 received += len(chunk)
                 bar.update(len(chunk))
         except (urllib3.exceptions.HTTPError, requests.RequestException, ConnectionError, TimeoutError) as error:
-            raise _Transient(f"connection broken after {offset + received} bytes ({_describe(error)})") from error
+            raise _Interrupted(f"connection broken after {offset + received} bytes ({_describe(error)})") from error
     return received
 
 
@@ -269,7 +298,7 @@ def _handle_unsatisfiable_range(response: requests.Response, part: Path, offset:
     if match and int(match.group(1)) == offset:
         return
     part.unlink(missing_ok=True)
-    raise _Transient("server refused the resume range; restarting from zero")
+    raise _Interrupted("server refused the resume range; restarting from zero")
 
 
 def _range_start(response: requests.Response) -> int | None:
@@ -308,6 +337,68 @@ def _describe(error: BaseException) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
+# One file from the Hugging Face Hub
+# ---------------------------------------------------------------------------------------------
+
+def download_hub_file(source_file: SourceFile, dest: str | os.PathLike, *, progress: bool = True) -> Path:
+    """Fetch a Hub file with `hf_hub_download` at its pinned commit; return `dest` once it verifies.
+
+    The library does the transfer: the Hub's redirects and Xet storage, tokens for gated repos,
+    retries, resuming a broken body within the call, and copying a file already in the Hugging Face
+    cache. It keeps no partial bytes across runs, so a killed transfer starts over. The file lands in
+    `.hub-<name>/` next to `dest` and is moved onto `dest` only once it verifies, like any download.
+    """
+    _check_algorithm(source_file.algorithm)
+    dest, expected = Path(dest), source_file.checksum
+    if verify_existing(dest, expected, source_file.algorithm, source_file.size, source_file.url):
+        log.info("%s: already verified", dest)
+        return dest
+    commit = _pinned_commit(source_file, dest)
+    # imported here: only Hub files need them, and they add ~0.15 s to every hnclip start
+    from httpx2 import HTTPError
+    from huggingface_hub import hf_hub_download, hf_hub_url
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+    from huggingface_hub.utils import disable_progress_bars
+
+    url = hf_hub_url(source_file.hub_repo, source_file.name, repo_type=source_file.hub_repo_type, revision=commit)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = dest.with_name(f".hub-{dest.name}")
+    try:
+        with contextlib.nullcontext() if progress else disable_progress_bars():
+            fetched = hf_hub_download(source_file.hub_repo, source_file.name, repo_type=source_file.hub_repo_type,
+                                      revision=commit, local_dir=staging)
+        _commit_verified(Path(fetched), dest, expected, source_file.algorithm, source_file.size, url)
+    except LocalEntryNotFoundError as error:  # no copy anywhere: offline, unless the Hub answered with an error
+        if isinstance(error.__cause__, HfHubHTTPError):
+            raise _hub_error(url, error.__cause__, dest) from error
+        raise OfflineError(_offline_message(url, _describe(error), dest, source_file.algorithm, expected)) from error
+    except (HTTPError, OSError) as error:
+        raise _hub_error(url, error, dest) from error
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return dest
+
+
+def _hub_error(url: str, error: BaseException, dest: Path) -> DownloadError:
+    return DownloadError(f"could not fetch {url}: {_describe(error)}. Check hub_repo and revision in "
+                         f"hnclip/data/sources.py, set {MIRROR_ENV} to a mirror, or put the file at {dest} by hand.")
+
+
+def _pinned_commit(source_file: SourceFile, dest: Path) -> str:
+    """The full commit a Hub file is pinned to; a branch or tag could move, so anything else is refused."""
+    if source_file.revision and re.fullmatch(r"[0-9a-f]{40}", source_file.revision):
+        return source_file.revision
+    prefix = "datasets/" if source_file.hub_repo_type == "dataset" else ""
+    pin = f"{source_file.algorithm} {source_file.checksum}" if source_file.checksum else "the content you checked"
+    raise DownloadError(
+        f"{source_file.name} comes from the Hugging Face Hub ({prefix}{source_file.hub_repo}), but "
+        f"hnclip/data/sources.py pins no commit for it (revision={source_file.revision!r}). Pin one: from "
+        f"https://huggingface.co/{prefix}{source_file.hub_repo}/commits/main pick the full 40-character commit "
+        f"whose {source_file.name} has {pin}, and set revision='<commit>' on its entry. Until then, set "
+        f"{MIRROR_ENV} to a mirror or put the file at {dest} by hand.")
+
+
+# ---------------------------------------------------------------------------------------------
 # Archives
 # ---------------------------------------------------------------------------------------------
 
@@ -329,7 +420,8 @@ def extract_archive(archive: str | os.PathLike, extracted_dir: str | os.PathLike
         shutil.rmtree(stale, ignore_errors=True)
     staging = Path(tempfile.mkdtemp(prefix=f".extracting-{archive.name}-", dir=extracted_dir))
     try:
-        count = _unpack(archive, staging, only, flatten)
+        _unpack(archive, staging, only, flatten)
+        count = sum(1 for path in staging.rglob("*") if path.is_file())
         _merge_move(staging, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -346,34 +438,39 @@ def _extraction_done(marker: Path, archive_sha256: str, subdir: str, target: Pat
     return done.get("sha256") == archive_sha256 and done.get("subdir") == subdir and target.is_dir()
 
 
-def _unpack(archive: Path, staging: Path, only: str | None, flatten: bool) -> int:
+def _unpack(archive: Path, staging: Path, only: str | None, flatten: bool) -> None:
     try:
         if archive.name.endswith(".zip"):
-            return _unpack_zip(archive, staging, only, flatten)
-        return _unpack_tar(archive, staging, only, flatten)
+            _unpack_zip(archive, staging, only, flatten)
+        else:
+            with tarfile.open(archive, "r:*") as tar:
+                tar.extractall(staging, filter=_tar_filter(only, flatten))
     except ArchiveError:
         raise
+    except tarfile.FilterError as error:  # before TarError: it is one
+        raise ArchiveError(f"{archive}: unsafe member path {error.tarinfo.name!r} ({error}); "
+                           f"refusing to unpack this archive") from error
     except (tarfile.TarError, zipfile.BadZipFile, EOFError, zlib.error, OSError) as error:
         raise ArchiveError(f"cannot unpack {archive}: {_describe(error)}. The archive is corrupt or "
                            f"incomplete; nothing was marked as extracted.") from error
 
 
-def _unpack_tar(archive: Path, staging: Path, only: str | None, flatten: bool) -> int:
-    count = 0
-    with tarfile.open(archive, "r:*") as tar:
-        for member in tar:
-            name = safe_member_path(member.name, archive)
-            if not member.isfile():  # folders are implied; links and devices are never unpacked
-                continue
-            source = tar.extractfile(member)
-            if _wanted(name, only) and source is not None:
-                _write_member(source, staging, name, flatten)
-                count += 1
-    return count
+def _tar_filter(only: str | None, flatten: bool):
+    """tarfile's "data" filter (refuses members that would land outside the folder, drops unsafe
+    modes), kept to regular files matching `only`, renamed to their base name if `flatten`."""
+    def keep(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
+        if not member.isfile():  # folders are implied; links and devices are never unpacked
+            return None
+        filtered = tarfile.data_filter(member, dest)
+        if filtered.name != member.name:  # the filter would make an absolute name relative: refuse, as for zips
+            raise tarfile.AbsolutePathError(member)
+        if not _wanted(member.name, only):
+            return None
+        return filtered.replace(name=member.name.rsplit("/", 1)[-1], deep=False) if flatten else filtered
+    return keep
 
 
-def _unpack_zip(archive: Path, staging: Path, only: str | None, flatten: bool) -> int:
-    count = 0
+def _unpack_zip(archive: Path, staging: Path, only: str | None, flatten: bool) -> None:
     with zipfile.ZipFile(archive) as bundle:
         for info in bundle.infolist():
             name = safe_member_path(info.filename, archive)
@@ -381,12 +478,13 @@ def _unpack_zip(archive: Path, staging: Path, only: str | None, flatten: bool) -
                 continue
             with bundle.open(info) as source:  # raises BadZipFile on a CRC error
                 _write_member(source, staging, name, flatten)
-            count += 1
-    return count
 
 
 def safe_member_path(name: str, archive: Path | str = "archive") -> str:
-    """The member's path, normalised; ArchiveError if it is absolute or climbs out with '..'."""
+    """A zip member's path, normalised; ArchiveError if it is absolute or climbs out with '..'.
+
+    Kept by hand: zipfile has no refusing counterpart of tarfile's data filter (its extract() silently
+    rewrites such names, which would hide a malicious archive), and `only`/`flatten` need the name."""
     normalised = name.replace("\\", "/")
     parts = [part for part in normalised.split("/") if part not in ("", ".")]
     if normalised.startswith("/") or re.match(r"^[A-Za-z]:", normalised) or ".." in parts:
@@ -445,24 +543,29 @@ class DatasetFiles:
 
 def download_dataset(name: str, root: str | os.PathLike, mirror: str | None = None, *,
                      source: Source | None = None, retries: int = 4, backoff: float = 1.0,
-                     progress: bool = True, session: requests.Session | None = None,
-                     require_manual: bool = True) -> DatasetFiles:
+                     progress: bool = True, require_manual: bool = True) -> DatasetFiles:
     """Download every automatic file of source `name` into `root/name/raw/`, check the manual ones,
     and unpack the archives into `root/name/extracted/`.
 
-    A missing manual file is reported after everything else is done: its instructions go to stderr,
-    and ManualStepRequired is raised if `require_manual` (else they are in `pending_manual`).
-    `source` overrides the table entry (tests, or a mirror with its own pins).
+    Hub files come through `download_hub_file` unless a mirror is set (a mirror serves every file
+    at `<mirror>/<source>/<file name>`). A missing manual file is reported after everything else is
+    done: its instructions go to stderr, and ManualStepRequired is raised if `require_manual` (else
+    they are in `pending_manual`). `source` overrides the table entry (tests, or a mirror with its own pins).
     """
     source = source or get_source(name)
     result = DatasetFiles(name=name, dataset_dir=Path(root) / name)
-    for source_file in source.files:
-        if not source_file.manual:
-            url = resolve_url(name, source_file, mirror)
-            result.raw[source_file.name] = download_file(
-                url, result.raw_dir / source_file.name, source_file.checksum, source_file.algorithm,
-                retries=retries, backoff=backoff, progress=progress, session=session,
-                expected_size=source_file.size)
+    with retrying_session(retries, backoff) as session:
+        for source_file in source.files:
+            if source_file.manual:
+                continue
+            dest = result.raw_dir / source_file.name
+            if source_file.hub_repo and mirror_base(mirror) is None:
+                result.raw[source_file.name] = download_hub_file(source_file, dest, progress=progress)
+            else:
+                result.raw[source_file.name] = download_file(
+                    resolve_url(name, source_file, mirror), dest, source_file.checksum, source_file.algorithm,
+                    retries=retries, backoff=backoff, progress=progress, session=session,
+                    expected_size=source_file.size)
     for source_file in source.files:
         if source_file.manual:
             _check_manual_file(source, source_file, result)

@@ -373,4 +373,3 @@ BUILDERS: dict[str, Callable[..., BuildReport]] = {
     "vg": build_vg_paragraphs,
     "urban1k": build_urban1k,
 }
-SOURCE_OF = {"docci": "docci", "dci": "dci", "vg": "vg_paragraphs", "urban1k": "urban1k"}

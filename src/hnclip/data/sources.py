@@ -9,14 +9,21 @@ saw in the file's `.complete` marker, and that value should be pinned here ("pin
 download"). Pins marked "third-party" come from other people's download scripts, not from the
 dataset's authors: a mismatch there may mean the pin, not the download, is wrong.
 
+Files on the Hugging Face Hub name their repo (`hub_repo`) and are fetched with `hf_hub_download` at
+`revision`, which for them must be a full 40-character commit (a branch such as `main` can move);
+HF_ENDPOINT points the library at another Hub endpoint.
+
 Mirrors: set HNCLIP_MIRROR (or pass `mirror=`) to a base URL that serves `<source>/<file name>`;
-every automatic file is then fetched from there instead (tests use a local HTTP server this way).
+every automatic file, Hub files included, is then fetched from there instead (tests use a local HTTP
+server this way).
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
+
+from hnclip.errors import UnknownNameError
 
 MIRROR_ENV = "HNCLIP_MIRROR"
 UNPINNED = "pin on first verified download"
@@ -38,7 +45,9 @@ class SourceFile:
     checksum: str | None = None          # None: unknown, see UNPINNED
     algorithm: str = "sha256"            # which hash `checksum` is
     size: int | None = None              # bytes, where known
-    revision: str | None = None          # the commit / revision the URL is pinned to
+    revision: str | None = None          # the commit / revision the URL is pinned to (Hub files: required commit)
+    hub_repo: str | None = None          # Hugging Face Hub repo id: fetched with hf_hub_download at `revision`
+    hub_repo_type: str = "model"         # "model" or "dataset"
     manual: bool = False                 # never fetched automatically
     instructions: str = ""               # for manual files: what to fetch, from where
     satisfied_by: str | None = None      # manual files: path under extracted/ that, if present, means done by hand
@@ -185,6 +194,8 @@ URBAN1K = Source(
             checksum="08e42b3fada77abf7f890a087ed6e9f9fbba1dc143f9f09801ed83187ae617b8",
             size=80_586_923,
             revision=URBAN1K_REVISION,
+            hub_repo="BeichenZhang/Urban1k",
+            hub_repo_type="dataset",
             license="CC BY-NC 4.0",
             note="third-party pin (reported equal to the HF LFS oid), verify; unpacks to "
                  "Urban1k/image/<n>.jpg and Urban1k/caption/<n>.txt",
@@ -230,21 +241,62 @@ LONGCLIP_L = Source(
             name="longclip-L.pt",
             url="https://huggingface.co/BeichenZhang/LongCLIP-L/resolve/main/longclip-L.pt",
             checksum="60c077e512cd95ca9fe7b13285e4e2c99073f8d6df7113eb6d2979919db397b2",
-            revision="main (content pinned by the LFS sha256; pin the full commit on first verified download)",
+            hub_repo="BeichenZhang/LongCLIP-L",
+            # PLACEHOLDER: the full commit is not known yet (only the short a298569 / 92e2948). Until it is
+            # pinned, the Hub download refuses and says how to pin it; a mirror or a copy placed by hand
+            # still works, checked against the sha256 above.
+            revision=None,
             license="see model card",
             note="about 1.71 GB, pickled fp32 state_dict",
         ),
     ),
 )
 
-SOURCES: dict[str, Source] = {s.name: s for s in (DOCCI, DCI, URBAN1K, VG_PARAGRAPHS, LONGCLIP_L)}
+
+def _hub_files(repo: str, names: tuple[str, ...], note: str) -> tuple[SourceFile, ...]:
+    """Files of a Hub model repo, loaded by transformers' from_pretrained from the raw/ folder."""
+    return tuple(SourceFile(name=name, url=f"https://huggingface.co/{repo}/resolve/main/{name}", hub_repo=repo,
+                            revision=None, note=note) for name in names)
+
+
+# The baselines' auxiliary-input models (paper profile). PLACEHOLDER pins as for Long-CLIP: the
+# full commits and checksums are not known here (no network); the Hub download refuses until the
+# revision is pinned and says how. The file lists are those of the repos as we know them.
+SAM_VIT_HUGE = Source(
+    name="sam_vit_huge",
+    title="Segment Anything ViT-H (GOAL's LISM masks: transformers' default mask-generation model)",
+    homepage="https://huggingface.co/facebook/sam-vit-huge",
+    license="Apache-2.0",
+    files=_hub_files("facebook/sam-vit-huge", ("config.json", "preprocessor_config.json", "model.safetensors"),
+                     f"{UNPINNED}; about 2.6 GB in total"),
+)
+CLIP_VIT_L14_336 = Source(
+    name="clip_vit_l14_336",
+    title="OpenAI CLIP ViT-L/14-336 (GOAL's sentence-to-segment matcher)",
+    homepage="https://huggingface.co/openai/clip-vit-large-patch14-336",
+    license="MIT",
+    files=_hub_files("openai/clip-vit-large-patch14-336",
+                     ("config.json", "preprocessor_config.json", "tokenizer.json", "tokenizer_config.json",
+                      "vocab.json", "merges.txt", "special_tokens_map.json", "model.safetensors"),
+                     f"{UNPINNED}; about 1.7 GB in total"),
+)
+
+SOURCES: dict[str, Source] = {s.name: s for s in (DOCCI, DCI, URBAN1K, VG_PARAGRAPHS, LONGCLIP_L, SAM_VIT_HUGE,
+                                                  CLIP_VIT_L14_336)}
+
+
+class UnknownSourceError(UnknownNameError, KeyError):
+    """A source name the source table does not have."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; a user error reads as a sentence
+        return str(self.args[0])
 
 
 def get_source(name: str) -> Source:
     try:
         return SOURCES[name]
     except KeyError:
-        raise KeyError(f"unknown source {name!r}; known: {sorted(SOURCES)}") from None
+        raise UnknownSourceError(f"unknown source {name!r}; known: {sorted(SOURCES)}") from None
 
 
 def mirror_base(mirror: str | None = None) -> str | None:

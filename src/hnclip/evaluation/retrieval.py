@@ -42,16 +42,20 @@ def ranks_of_positives(scores: torch.Tensor, tie_rule: str = "pessimistic") -> t
 
 def recall_at_k(image_features: torch.Tensor, text_features: torch.Tensor, ks=(1, 5, 10),
                 tie_rule: str = "pessimistic") -> dict:
-    """Recall@K (percent) for text->image and image->text retrieval of paired features."""
+    """Recall@K (percent) for text->image and image->text retrieval of paired features, with the
+    0-based rank of every query's ground truth (`ranks`, in manifest order): the per-query outcomes
+    the bootstrap intervals of `hnclip.report.uncertainty` resample."""
     if image_features.shape != text_features.shape:
         raise ValueError("one caption per image is required: feature shapes differ "
                          f"({tuple(image_features.shape)} vs {tuple(text_features.shape)})")
     sims = image_features.float() @ text_features.float().t()  # [image, text]
-    result = {"n": int(sims.shape[0]), "tie_rule": tie_rule, "ties": {}}
-    for direction, scores in (("t2i", sims.t()), ("i2t", sims)):
+    result = {"n": int(sims.shape[0]), "tie_rule": tie_rule, "ties": {}, "ranks": {}}
+    # A contiguous copy for t2i: row-wise comparisons over a transposed view are strided and slow.
+    for direction, scores in (("t2i", sims.t().contiguous()), ("i2t", sims)):
         ranks, tied = ranks_of_positives(scores, tie_rule)
         result[direction] = {f"R@{k}": float((ranks < k).float().mean() * 100) for k in ks}
         result["ties"][direction] = int(tied.sum())
+        result["ranks"][direction] = ranks.tolist()  # python ints
     return result
 
 

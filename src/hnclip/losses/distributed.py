@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from hnclip.losses.contrastive import hn_loss, infonce_loss
+from hnclip.losses.contrastive import infonce_loss
 from hnclip.losses.token import token_alignment_loss
 
 
@@ -92,13 +92,6 @@ def gather_token_features(image_tokens: torch.Tensor, text_tokens: torch.Tensor,
 def global_infonce_loss(image_features, text_features, logit_scale, group=None) -> torch.Tensor:
     image_features, text_features, _ = gather_features(image_features, text_features, group=group)
     return infonce_loss(image_features, text_features, logit_scale)
-
-
-def global_hn_loss(image_features, text_features, logit_scale, gamma: float,
-                   margin_text_features=None, group=None) -> torch.Tensor:
-    image_features, text_features, margin_text_features = gather_features(
-        image_features, text_features, margin_text_features, group)
-    return hn_loss(image_features, text_features, logit_scale, gamma, margin_text_features)
 
 
 def global_token_alignment_loss(image_tokens, text_tokens, text_padding_mask, logit_scale,

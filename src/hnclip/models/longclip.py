@@ -33,10 +33,8 @@ from hnclip.runtime.device import resolve_device
 # sha256 of the released longclip-L.pt (HF LFS pointer; the data layer's source table pins it too).
 LONGCLIP_L_SHA256 = "60c077e512cd95ca9fe7b13285e4e2c99073f8d6df7113eb6d2979919db397b2"
 
-OPENAI_CONTEXT_LENGTH = 77
 KEEP_LEN = 20  # rows served by `positional_embedding` / kept verbatim by the stretch
-STRETCH_FACTOR = 4
-LONGCLIP_CONTEXT_LENGTH = STRETCH_FACTOR * OPENAI_CONTEXT_LENGTH - (STRETCH_FACTOR - 1) * KEEP_LEN  # 248
+STRETCH_FACTOR = 4  # 77 OpenAI rows -> 4 * 77 - 3 * KEEP_LEN = 248 (config.constants.CONTEXT_LENGTH)
 OPENAI_HEAD_WIDTH = 64  # OpenAI CLIP (and Long-CLIP's build_model): heads = width // 64, both towers
 
 # Non-weight entries that OpenAI's JIT archives carry; OpenAI, Long-CLIP and open_clip all drop them.

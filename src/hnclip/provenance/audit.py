@@ -1,14 +1,16 @@
 """Audit: do the records still describe what is on disk, what params.yaml asks for, and dvc.lock?
 
 Re-hashes every input and output a record names (dataset, training, backbone, evaluation, stats
-and table records), checks the numbers each record copied from another (table cells from
-evaluations, evaluations from the training history), compares each run's and table's params with
-the current params.yaml (params changed without rerun), and asks DVC whether its lock still holds.
-Every failed claim is one `Mismatch`; `main_audit` prints them, or a summary when there are none.
+and table records) and every downloaded file against its `.complete` marker: loads trust a marker
+whose size and mtime still match (the 1.7 GB Long-CLIP checkpoint is not re-hashed per load), so
+the audit is where a file changed behind its marker's back is caught. Checks the numbers each
+record copied from another (table cells from evaluations, evaluations from the training history),
+compares each run's and table's params with the current params.yaml (params changed without
+rerun), and asks DVC whether its lock still holds. Every failed claim is one `Mismatch`;
+`main_audit` prints them, or a summary when there are none.
 """
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import os
@@ -21,9 +23,8 @@ import yaml
 
 from hnclip.config.registry import Registry
 from hnclip.io import read_json
-from hnclip.provenance.hashing import json_sha256
+from hnclip.provenance.hashing import hash_file, json_sha256, sha256_file
 from hnclip.provenance.lineage import (
-    current_sha256,
     dataset_record_path,
     provenance_of,
     resolve,
@@ -80,12 +81,21 @@ class _Auditor:
         self.root = root
         self.result = AuditResult()
         self.recorded_outputs: dict[str, str] = {}  # sha256 -> the path whose record made it (swap detection)
+        self._hashes: dict[Path, str] = {}
+
+    def sha256(self, path: str | Path) -> str:
+        """The file's sha256 as read now (or "missing"): hashed once per audit, never taken from a
+        marker or from a memo keyed by size and mtime, which a content change can leave intact."""
+        file = resolve(self.root, path)
+        if file not in self._hashes:
+            self._hashes[file] = sha256_file(file) if file.is_file() else "missing"
+        return self._hashes[file]
 
     def add(self, mismatch: Mismatch) -> None:
         self.result.mismatches.append(mismatch)
 
     def file_claim(self, artifact: str, path: str, recorded: str | None, what: str) -> None:
-        actual = current_sha256(self.root, path)
+        actual = self.sha256(path)
         held = actual == recorded
         self.result.files[path] = self.result.files.get(path, True) and held
         if not held:
@@ -94,7 +104,8 @@ class _Auditor:
     def _describe(self, what: str, path: str, recorded: str | None, actual: str) -> str:
         if actual == "missing":
             return f"{what} {path} is missing (recorded sha256 {_short(recorded)})"
-        text = f"{what} {path} changed since the record was written (recorded sha256 {_short(recorded)}, now {_short(actual)})"
+        text = (f"{what} {path} changed since the record was written "
+                f"(recorded sha256 {_short(recorded)}, now {_short(actual)})")
         other = self.recorded_outputs.get(actual)
         if other and other != path:
             text += f"; its content is now that of {other}"
@@ -117,7 +128,7 @@ def _read_record(auditor: _Auditor, path: Path) -> dict | None:
         return read_json(path)
     except ValueError as exc:
         artifact = _relative(auditor.root, path)
-        auditor.add(Mismatch(artifact, artifact, None, current_sha256(auditor.root, path), f"is not valid JSON: {exc}"))
+        auditor.add(Mismatch(artifact, artifact, None, auditor.sha256(path), f"is not valid JSON: {exc}"))
         return None
 
 
@@ -154,6 +165,19 @@ def _dataset_records(auditor: _Auditor, params: dict | None, manifests: set[str]
     return _records(auditor, found)
 
 
+def _download_markers(root: Path, params: dict | None) -> list[Path]:
+    """The `.complete` marker of every file `hnclip download` verified, in every profile's data root."""
+    roots = {profile["data_root"] for profile in (params or {}).get("profiles", {}).values()}
+    return sorted(marker for data_root in roots for marker in root.glob(f"{data_root}/*/raw/*.complete"))
+
+
+def _check_downloads(auditor: _Auditor, markers: list[Path]) -> None:
+    for marker in markers:
+        artifact = _relative(auditor.root, marker)
+        recorded = (_read_if_valid(auditor.root, artifact) or {}).get("sha256")
+        auditor.file_claim(artifact, artifact[: -len(".complete")], recorded, "downloaded file")
+
+
 def _manifests_named(records: list[tuple[str, dict]]) -> set[str]:
     return {entry["path"] for _, record in records for name, entry in provenance_of(record).get("inputs", {}).items()
             if "manifest" in name}
@@ -164,7 +188,7 @@ def _load_registry(root: Path, auditor: _Auditor) -> Registry | None:
     try:
         return Registry(load_params(root / "params.yaml"), validate=False)
     except (ParamsError, KeyError) as exc:
-        auditor.add(Mismatch("params.yaml", "params.yaml", None, current_sha256(root, "params.yaml"),
+        auditor.add(Mismatch("params.yaml", "params.yaml", None, auditor.sha256("params.yaml"),
                              f"cannot be loaded, so params could not be compared: {exc}"))
         return None
 
@@ -365,14 +389,6 @@ def _check_tables(auditor: _Auditor, tables: list[tuple[str, dict]], reg: Regist
 
 
 # ---- DVC ----------------------------------------------------------------------------------------
-def _md5(path: Path) -> str:
-    digest = hashlib.md5()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _lock_entries(lock: dict) -> dict[str, str]:
     """path -> md5 of every dep and out dvc.lock records (".dir" hashes for directories)."""
     entries = {}
@@ -388,7 +404,7 @@ def _actual_md5(root: Path, path: str) -> str:
     if not file.exists():
         return "missing"
     if file.is_file():
-        return f"md5:{_md5(file)}"
+        return f"md5:{hash_file(file, ('md5',))['md5']}"
     return "changed (per dvc status)"  # DVC's directory hash: dvc status computes it
 
 
@@ -409,7 +425,8 @@ def _check_dvc(auditor: _Auditor) -> None:
                           text=True, env={**os.environ, "DVC_NO_ANALYTICS": "1"})
     auditor.result.value_checks += 1
     if proc.returncode != 0:
-        auditor.add(Mismatch("dvc.lock", "dvc.lock", None, "unknown", f"`dvc status` failed: {proc.stderr.strip()[-500:]}"))
+        auditor.add(Mismatch("dvc.lock", "dvc.lock", None, "unknown",
+                             f"`dvc status` failed: {proc.stderr.strip()[-500:]}"))
         return
     status = json.loads(proc.stdout or "{}")
     for stage, changes in status.items():
@@ -478,6 +495,7 @@ def run_audit(root: str | Path = Path("."), reg: Registry | None = None) -> Audi
     _remember_outputs(auditor, backbones + runs + tables)
     for artifact, record in datasets + stats + others:
         _check_files(auditor, artifact, record)
+    _check_downloads(auditor, _download_markers(root, reg.params if reg else None))
     _check_backbones(auditor, backbones, reg)
     _check_runs(auditor, runs, reg)
     for artifact, record in evaluations:

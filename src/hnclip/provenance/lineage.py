@@ -33,7 +33,8 @@ LISTED_SOURCES = 10  # above this many distinct source_sha256 values, give their
 # ---- small helpers shared with hnclip.provenance.audit ------------------------------------------------------
 
 class LineageError(UserError, ValueError):
-    """A file that lineage cannot follow (not a table of evaluated cells)."""
+    """A file that lineage cannot follow (not a built table of evaluated cells)."""
+
 
 def resolve(root: Path, path: str | Path) -> Path:
     """Recorded paths are relative to the project root the pipeline ran in."""
@@ -132,7 +133,7 @@ def find_cell(frame: pd.DataFrame, cell: str, labels: dict[str, str]) -> pd.Seri
         if not hit.empty:
             return hit.iloc[0]
     raise UnknownNameError(f"no cell {cell!r} in this table; rows: {rows}; columns: {columns} "
-                   f"(or their Markdown header labels)")
+                           f"(or their Markdown header labels)")
 
 
 def _seed_cells(table_record: dict, row: str, column: str) -> list[dict]:
@@ -147,17 +148,21 @@ def _seed_cells(table_record: dict, row: str, column: str) -> list[dict]:
 def lineage(table_file: str | Path, cell: str, root: str | Path = Path(".")) -> dict:
     """The lineage tree of one cell ("<row>/<column>", e.g. "gamma=0.5/docci/t2i/R@1") of a table.
 
-    `table_file` is any of the table's files (csv, md, tex, provenance.json). Raises KeyError
-    naming the available rows and columns for an unknown cell.
+    `table_file` is any of the table's files (csv, md, tex, provenance.json). Raises
+    UnknownNameError naming the available rows and columns for an unknown cell, LineageError for a
+    table that is not built or not made of evaluated cells.
     """
     root = Path(root)
     table_file = resolve(root, table_file)
     record_path = table_provenance_path(table_file)
+    if not record_path.is_file():
+        raise LineageError(f"{record_path} not found: lineage follows a built table; build it first "
+                           f"(`hnclip table {table_name(table_file)}`, or the workflow)")
     table_record = read_json(record_path)
     frame = pd.read_csv(table_file.parent / f"{table_name(table_file)}.csv")
     if "column" not in frame or not any(c.get("eval_file") for c in table_record.get("cells", [])):
         raise LineageError(f"{table_file}: lineage follows tables of evaluated cells (row/benchmark/direction/"
-                         f"metric); this table is built from other records: see {record_path} inputs")
+                           f"metric); this table is built from other records: see {record_path} inputs")
     found = find_cell(frame, cell, _benchmark_labels(root))
     sources = [_value_node(root, table_record, c) for c in _seed_cells(table_record, found["row"], found["column"])]
     table = _node("table", root, _relative(root, record_path), record=table_record, params=table_record.get("params"),
@@ -224,7 +229,7 @@ def _checkpoint_node(root: Path, model: dict, train_record: dict, epoch: int | N
     weights = {h["epoch"]: h.get("weights_sha256") for h in train_record.get("history", [])}
     run_id = train_record.get("run_id")
     facts = {"selected_epoch": epoch,
-             # weights_sha256 hashes the state dict's tensors (train.weights_digest), not a file
+             # weights_sha256 hashes the state dict's tensors (provenance.hashing.weights_digest), not a file
              "selected_epoch_weights_sha256": weights.get(epoch),
              "final_epoch": max(weights) if weights else None,
              "final_weights_sha256": train_record.get("final_weights_sha256"),

@@ -28,7 +28,8 @@ def _matches(cell: Cell, key: str, value: str) -> bool:
         return str(current) == value
 
 
-def resolve(reg: Registry, table: str, benchmark: str | None = None, settings: dict[str, str] | None = None) -> list[Cell]:
+def resolve(reg: Registry, table: str, benchmark: str | None = None,
+            settings: dict[str, str] | None = None) -> list[Cell]:
     """The cells of `table` matching a benchmark and `key=value` settings (row, seed, gamma, ...)."""
     cells = reg.cells(table)
     if benchmark:

@@ -9,6 +9,7 @@ from hnclip import provenance
 from hnclip.config import paths
 from hnclip.config.constants import PRETRAIN_ROLE
 from hnclip.config.registry import Registry, pretrain_dataset
+from hnclip.errors import UnknownNameError
 from hnclip.io import write_json
 
 
@@ -16,6 +17,9 @@ def dataset_generation(reg: Registry, role: str) -> dict:
     """What `hnclip data` must produce for a dataset role (or the pretraining corpus)."""
     if role == PRETRAIN_ROLE:
         return pretrain_dataset(reg.backbone_spec()["pretrain"])
+    if role not in reg.profile["datasets"]:
+        raise UnknownNameError(f"unknown dataset role {role!r}; allowed values: "
+                               f"{sorted([*reg.profile['datasets'], PRETRAIN_ROLE])}")
     return reg.profile["datasets"][role]
 
 

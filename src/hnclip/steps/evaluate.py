@@ -54,6 +54,8 @@ def evaluate_run(reg, run_id: str, benchmark: str):
     """Write and return the path of results/evals/<run>/<benchmark>.json (with provenance)."""
     started = time.time()
     manifest = reg.test_manifest(benchmark)
+    if not reg.is_zeroshot(run_id):
+        reg.run(run_id)  # an unknown run is a user error naming the known ones, not a missing file
     if reg.is_zeroshot(run_id):
         from hnclip.models.factory import load_backbone
         spec = reg.backbone_spec()

@@ -1,2 +1,21 @@
-"""Pieces of the fine-tuning loop (`hnclip.training.loop`): training frameworks (full / LoRA / DoRA),
-exact large-batch steps, the gradient probe and multi-process data parallelism."""
+"""The fine-tuning loop (`train`, `TrainJob` in `loop`) and its parts: what is trained (`frameworks`),
+what each framework's batch and loss terms are (`methods`), the HN-CLIP objective (`objective`),
+checkpoints, exact large-batch and compute-batch steps, the gradient probe and multi-process runs."""
+
+from hnclip._lazy import lazy_exports
+
+_EXPORTS = {
+    "train": "hnclip.training.loop",
+    "TrainJob": "hnclip.training.loop",
+    "NonFiniteLossError": "hnclip.training.loop",
+    "loss_terms": "hnclip.training.objective",
+    "group_terms": "hnclip.training.objective",
+    "TrainedModel": "hnclip.training.frameworks",
+    "build_method": "hnclip.training.methods",
+    "compute_batch_backward": "hnclip.training.compute_batch",
+    "finetune_job": "hnclip.training.jobs",
+    "pretrain_job": "hnclip.training.jobs",
+}
+__all__ = sorted(_EXPORTS)
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from hnclip.config.constants import DEFAULT_ADAPTER, TRAINED_FRAMEWORKS
+from hnclip.config.constants import ADAPTER_FRAMEWORKS, BASELINE_FRAMEWORKS, DEFAULT_ADAPTER, TRAINED_FRAMEWORKS
 from hnclip.errors import StaleArtifactError
 from hnclip.provenance.hashing import weights_digest
 
@@ -24,13 +24,15 @@ class TrainedModel:
     framework: str
     module: torch.nn.Module               # what the optimizer updates: a CLIP, or a peft model around one
     base_weights_sha256: str | None = None  # adapter runs: digest of the frozen base
+    extra: torch.nn.Module | None = None    # beside the CLIP (FineLIP's aggregators): checkpointed, not exported
 
     @classmethod
     def build(cls, base: torch.nn.Module, framework: str, adapter: dict | None = None) -> "TrainedModel":
         """`base` as loaded (and logit-scale reset); for lora/dora it is wrapped, not modified."""
-        if framework not in TRAINED_FRAMEWORKS:
-            raise ValueError(f"unknown framework {framework!r}; this trainer supports {TRAINED_FRAMEWORKS}")
-        if framework == "full":
+        if framework not in (*TRAINED_FRAMEWORKS, *BASELINE_FRAMEWORKS):
+            raise ValueError(f"unknown framework {framework!r}; this trainer supports "
+                             f"{(*TRAINED_FRAMEWORKS, *BASELINE_FRAMEWORKS)}")
+        if framework not in ADAPTER_FRAMEWORKS:  # the baselines fine-tune the whole CLIP, as full does
             return cls(framework, base)
         from hnclip.models.adapters import (
             apply_adapters,  # peft is only needed for adapter runs
@@ -42,19 +44,27 @@ class TrainedModel:
 
     @property
     def uses_adapters(self) -> bool:
-        return self.framework != "full"
+        return self.framework in ADAPTER_FRAMEWORKS
+
+    def attach(self, extra: torch.nn.Module) -> None:
+        """Train `extra` beside the CLIP (its own optimizer group; in the checkpoint; never exported)."""
+        self.extra = extra
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
-        return [p for p in self.module.parameters() if p.requires_grad]
+        modules = [self.module] + ([self.extra] if self.extra is not None else [])
+        return [p for m in modules for p in m.parameters() if p.requires_grad]
 
     # ---- checkpoints ------------------------------------------------------------------------------
     def checkpoint_state(self) -> dict:
+        extra = {"extra": self.extra.state_dict()} if self.extra is not None else {}
         if not self.uses_adapters:
-            return {"model": self.module.state_dict()}
+            return {"model": self.module.state_dict(), **extra}
         from hnclip.models.adapters import adapter_state_dict
         return {"adapter": adapter_state_dict(self.module), "base_weights_sha256": self.base_weights_sha256}
 
     def restore(self, payload: dict, path: Path) -> None:
+        if self.extra is not None:
+            self.extra.load_state_dict(payload["extra"])
         if not self.uses_adapters:
             self.module.load_state_dict(payload["model"])
             return

@@ -19,6 +19,9 @@ def finetune_job(reg: Registry, run_id: str, stop_after_steps: int | None = None
     backbone = reg.backbone_spec()
     name = reg.backbone_name()
     data_root = reg.profile["data_root"]
+    auxiliary = reg.auxiliary_inputs(run_id)
+    execution = {**reg.profile["execution"], "grad_probe_every": reg.probe_every(run_id),
+                 "compute_batch": reg.profile["recipe"].get("compute_batch", reg.profile["recipe"]["micro_batch"])}
     return TrainJob(
         run_id=run_id, spec=run.spec, spec_hash=run.spec_hash,
         init_kind=backbone["kind"], init_path=paths.backbone_weights(name, backbone["kind"], data_root),
@@ -26,8 +29,9 @@ def finetune_job(reg: Registry, run_id: str, stop_after_steps: int | None = None
         train_manifest=reg.train_manifest(run.train_set),
         eval_manifests={b: reg.test_manifest(b) for b in reg.eval_benchmarks(run.train_set)},
         out_dir=paths.run_dir(run_id), checkpoint_dir=paths.checkpoint_dir(run_id),
-        execution={**reg.profile["execution"], "grad_probe_every": reg.probe_every(run_id)},
-        evaluation=reg.params["evaluation"], stop_after_steps=stop_after_steps)
+        execution=execution, evaluation=reg.params["evaluation"], stop_after_steps=stop_after_steps,
+        eval_cache_dir=paths.EVAL_CACHE, auxiliary=auxiliary,
+        extra_inputs={f"auxiliary:{kind}": path for kind, path in auxiliary.items()})
 
 
 def pretrain_spec(reg: Registry, name: str) -> dict:

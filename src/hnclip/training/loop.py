@@ -15,6 +15,7 @@ Options (all off by default; the default path is the plain loop above):
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import math
@@ -32,19 +33,22 @@ from hnclip import provenance
 from hnclip.data.loader import PairDataset, subset_indices
 from hnclip.errors import UserError
 from hnclip.evaluation.retrieval import evaluate_model
-from hnclip.io import write_json, write_jsonl
+from hnclip.io import read_json, write_json, write_jsonl
 from hnclip.models.factory import load_backbone, save_weights
-from hnclip.provenance.hashing import state_dict_digest, weights_digest
+from hnclip.provenance.hashing import file_sha256, json_sha256, state_dict_digest, weights_digest
 from hnclip.runtime.device import AUTOCAST_DEVICE_TYPES, autocast_context
 from hnclip.training.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
+from hnclip.training.compute_batch import compute_batch_backward, fit_compute_batch
 from hnclip.training.distributed import Distributed, distributed_session
 from hnclip.training.exact_batch import exact_batch_backward
 from hnclip.training.frameworks import TrainedModel
+from hnclip.training.methods import Method, Position, build_method
 from hnclip.training.objective import TOKEN_LOSS_CHUNK, loss_terms  # noqa: F401 - part of this module's API
 from hnclip.training.probe import GradientProbe, probe_summary
 
 SATURATION_THRESHOLD = 1e-3
-LOSS_TERMS = ("infonce", "hn", "tok", "total")
+# Every named term a framework logs (HN-CLIP; FineLIP: fine; GOAL: org seg patch text; StructXLIP: g sc rs lsc).
+LOSS_TERMS = ("infonce", "hn", "tok", "fine", "org", "seg", "patch", "text", "g", "sc", "rs", "lsc", "total")
 
 
 class NonFiniteLossError(UserError, RuntimeError):
@@ -67,20 +71,40 @@ class TrainJob:
     evaluation: dict
     stop_after_steps: int | None = None   # test hook: SIGKILL this process after that optimizer step
     extra_inputs: dict = field(default_factory=dict)
+    auxiliary: dict = field(default_factory=dict)   # baseline inputs: GOAL segments, StructXLIP edges
+    eval_cache_dir: Path | None = None   # where initial-weight evaluations are shared between runs (None: not)
 
 
 # ---- pieces ------------------------------------------------------------------------------------
-def build_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
-    """AdamW; no weight decay on gains, biases, embeddings and the logit scale (open_clip's rule)."""
+def build_optimizer(model: torch.nn.Module, recipe: dict, extra_module: torch.nn.Module | None = None
+                    ) -> torch.optim.AdamW:
+    """AdamW over the trainable parameters. Open_clip's rule by default: no weight decay on gains,
+    biases, embeddings and the logit scale; `recipe.decay_all` decays every parameter (GOAL's and
+    StructXLIP's released optimizers). An extra module (FineLIP's aggregators) is its own group at
+    `recipe.module_lr`. Each group keeps its `base_lr`; the schedule scales all of them alike."""
     decay, no_decay = [], []
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
         exclude = param.ndim < 2 or "bn" in name or "ln" in name or "bias" in name or "logit_scale" in name \
             or "embedding" in name
-        (no_decay if exclude else decay).append(param)
-    return torch.optim.AdamW([{"params": no_decay, "weight_decay": 0.0},
-                              {"params": decay, "weight_decay": weight_decay}], lr=lr)
+        (no_decay if exclude and not recipe.get("decay_all") else decay).append(param)
+    lr, weight_decay = recipe["lr"], recipe["weight_decay"]
+    groups = [{"params": no_decay, "weight_decay": 0.0, "base_lr": lr, "name": "backbone_no_decay"},
+              {"params": decay, "weight_decay": weight_decay, "base_lr": lr, "name": "backbone"}]
+    if extra_module is not None:
+        groups.append({"params": [p for p in extra_module.parameters() if p.requires_grad],
+                       "weight_decay": weight_decay, "base_lr": recipe.get("module_lr", lr), "name": "module"})
+    groups = [g for g in groups if g["params"]]
+    for group in groups:
+        group["lr"] = group["base_lr"]
+    return torch.optim.AdamW(groups, lr=lr)
+
+
+def set_learning_rates(optimizer: torch.optim.Optimizer, factor: float) -> None:
+    """Scale every group's base rate by the schedule's factor at this step."""
+    for group in optimizer.param_groups:
+        group["lr"] = group["base_lr"] * factor
 
 
 def cosine_lr(step: int, total_steps: int, base_lr: float, warmup_steps: int) -> float:
@@ -138,11 +162,11 @@ def _require_finite(values: dict, job: TrainJob, epoch: int, step: int) -> None:
             f"check the data, then rerun to resume from it.")
 
 
-def _micro_batch_backward(model, batches, objective, frozen_text, autocast, check) -> list[dict]:
+def _micro_batch_backward(model, method: Method, batches, positions, autocast, check) -> list[dict]:
     """Default mode: each micro-batch is its own contrastive batch; gradients are averaged."""
     records = []
-    for images, tokens in batches:
-        terms = loss_terms(model, images, tokens, objective, frozen_text, autocast)
+    for batch, position in zip(batches, positions, strict=True):
+        terms = method.terms(model, batch, position, autocast)
         values = {name: float(value.detach()) for name, value in terms.items()}
         check(values)
         (terms["total"] / len(batches)).backward()
@@ -183,6 +207,22 @@ def _evaluate_all(model, eval_sets: dict, job: TrainJob, device) -> dict:
             for name, data in eval_sets.items()}
 
 
+def _initial_evaluation(model, eval_sets: dict, job: TrainJob, device) -> dict:
+    """`_evaluate_all` of the weights a run starts from. Every run from the same initial weights has
+    the same one, so it is computed once and read back by the others (keyed by the weights' and
+    test manifests' sha256, the evaluation settings and the device type)."""
+    if job.eval_cache_dir is None:
+        return _evaluate_all(model, eval_sets, job, device)
+    key = json_sha256({"weights": weights_digest(model), "device": device.type, "evaluation": job.evaluation,
+                       "manifests": {name: file_sha256(path) for name, path in job.eval_manifests.items()}})
+    cached = job.eval_cache_dir / f"{key}.json"
+    if cached.exists():
+        return read_json(cached)
+    result = _evaluate_all(model, eval_sets, job, device)
+    write_json(cached, result)
+    return result
+
+
 def _end_of_epoch(job: TrainJob, trained: TrainedModel, state: dict, epoch: int, eval_sets: dict, device) -> dict:
     """Evaluate and fingerprint the exported (for adapters: merged) weights of this epoch."""
     exported = trained.export()
@@ -206,16 +246,22 @@ def _build_model(job: TrainJob, device: torch.device):
     return backbone, trained, frozen_text
 
 
-def _load_group(train_set: PairDataset, group: list[list[int]], distributed: Distributed, device):
-    """This rank's share of each micro-batch of the group, on the device."""
-    batches = [train_set.batch(distributed.local_slice(indices)) for indices in group]
-    return [(images.to(device), tokens.to(device)) for images, tokens in batches]
-
-
 def train(job: TrainJob) -> dict:
     """Train one run; under torchrun (WORLD_SIZE > 1) this process is one rank of it."""
     with distributed_session(job.execution["device"]) as distributed:
         return _train(job, distributed)
+
+
+def _group_backward_mode(recipe: dict, execution: dict, method: Method) -> str:
+    """micro (default), exact (one contrastive batch per group) or compute (several micro-batches
+    per forward, each its own contrastive group; an execution choice, see `compute_batch`)."""
+    if recipe.get("exact_batch"):
+        if not method.encodes_plain_pairs:
+            raise UserError(f"recipe.exact_batch is not available for the {method.framework} framework")
+        return "exact"
+    if execution.get("compute_batch", recipe["micro_batch"]) > recipe["micro_batch"] and method.encodes_plain_pairs:
+        return "compute"
+    return "micro"
 
 
 def _train(job: TrainJob, distributed: Distributed) -> dict:
@@ -231,9 +277,16 @@ def _train(job: TrainJob, distributed: Distributed) -> dict:
 
     backbone, trained, frozen_text = _build_model(job, device)
     model = trained.module
-    distributed.broadcast_from_main(model)
     cache = execution.get("cache_images", True)
     train_set = PairDataset.from_manifest(job.train_manifest, backbone.preprocess, backbone.tokenizer, cache)
+    method = build_method(objective["framework"], objective, objective.get("settings", {}), model, train_set,
+                          job.auxiliary, backbone.tokenizer, frozen_text)
+    if method.extra_module is not None:
+        if distributed.world_size > 1:
+            raise UserError(f"{job.run_id}: the {method.framework} framework trains in one process; "
+                            f"set execution.gpus_per_run: 1")
+        trained.attach(method.extra_module)
+    distributed.broadcast_from_main(model)
     indices = subset_indices(len(train_set), spec["fraction"])
     eval_sets = {name: PairDataset.from_manifest(path, backbone.preprocess, backbone.tokenizer, cache)
                  for name, path in job.eval_manifests.items()} if main else {}  # rank 0 evaluates
@@ -242,43 +295,61 @@ def _train(job: TrainJob, distributed: Distributed) -> dict:
     if len(indices) < micro:
         raise ValueError(f"{job.run_id}: {len(indices)} training pairs is fewer than one micro-batch ({micro})")
     distributed.check_micro_batch(micro)
-    steps_per_epoch = len(accumulation_groups(epoch_micro_batches(indices, micro, spec["seed"], 0), accum))
+    micro_per_epoch = len(epoch_micro_batches(indices, micro, spec["seed"], 0))
+    steps_per_epoch = len(accumulation_groups(list(range(micro_per_epoch)), accum))
     total_steps = recipe["epochs"] * steps_per_epoch
-    optimizer = build_optimizer(model, recipe["lr"], recipe["weight_decay"])
-    exact = bool(recipe.get("exact_batch", False))
-    probe = GradientProbe.from_settings(execution, objective)
+    optimizer = build_optimizer(model, recipe, method.extra_module)
+    mode = _group_backward_mode(recipe, execution, method)
+    compute_batch = execution.get("compute_batch", micro) if mode == "compute" else micro
+    probe = GradientProbe.from_settings(execution, objective) if method.encodes_plain_pairs else None
 
     state = load_checkpoint(job.checkpoint_dir, job.spec_hash, trained, optimizer) or _fresh_state()
     state.setdefault("grad_probe", [])
+    timers = state.setdefault("timers", {"eval_s": 0.0, "probe_s": 0.0, "train_s": 0.0})
     resumed_from = state["step"] if state["step"] else None
     if main and "initial_eval" not in state:  # the starting point (zero-shot init), for "does fine-tuning help?"
-        state["initial_eval"] = _evaluate_all(trained.export(), eval_sets, job, device)
+        with _timed(timers, "eval_s"):
+            state["initial_eval"] = _initial_evaluation(trained.export(), eval_sets, job, device)
     progress = tqdm(total=total_steps, initial=state["step"], desc=job.run_id, unit="step", disable=not main,
                     mininterval=1 if sys.stderr.isatty() else 15, file=sys.stderr)
     for epoch in range(state["epoch"], recipe["epochs"]):
         groups = accumulation_groups(epoch_micro_batches(indices, micro, spec["seed"], epoch), accum)
         for group_index in range(state["group"], len(groups)):
-            lr = cosine_lr(state["step"], total_steps, recipe["lr"], recipe["warmup_steps"])
-            for param_group in optimizer.param_groups:
-                param_group["lr"] = lr
+            step_started = time.time()
+            factor = cosine_lr(state["step"], total_steps, 1.0, recipe["warmup_steps"])
+            set_learning_rates(optimizer, factor)
             optimizer.zero_grad(set_to_none=True)
-            batches = _load_group(train_set, groups[group_index], distributed, device)
+            batches = [method.to_device(method.load(distributed.local_slice(ix)), device) for ix in groups[group_index]]
+            positions = [Position(epoch, group_index * accum + k, micro_per_epoch) for k in range(len(batches))]
             if probe is not None and probe.due(state["step"]):
+                probe_started = time.time()
                 measured = probe.measure(model, trained.trainable_parameters(), *batches[0], frozen_text, autocast,
                                          distributed)
                 state["grad_probe"].append({"step": state["step"], "epoch": epoch + 1, **measured})
+                timers["probe_s"] += time.time() - probe_started
             check = functools.partial(_require_finite, job=job, epoch=epoch, step=state["step"])
-            group_backward = _exact_batch_backward if exact else _micro_batch_backward
-            records = group_backward(model, batches, objective, frozen_text, autocast, check)
+            if mode == "exact":
+                records = _exact_batch_backward(model, batches, objective, frozen_text, autocast, check)
+            elif mode == "compute":
+                if state["step"] == 0 and "compute_batch_used" not in state:
+                    compute_batch = _fit_compute_batch(model, optimizer, batches, objective, frozen_text, autocast,
+                                                       compute_batch, micro, device)
+                state["compute_batch_used"] = compute_batch = state.get("compute_batch_used", compute_batch)
+                records = compute_batch_backward(model, batches, objective, frozen_text, autocast, check,
+                                                 compute_batch, micro)
+            else:
+                records = _micro_batch_backward(model, method, batches, positions, autocast, check)
             distributed.average_gradients(trained.trainable_parameters())  # once per step, after accumulation
             grad_norm = gradient_norm(model)
             optimizer.step()
+            method.after_step(model)
             state["step"] += 1
             state["group"] = group_index + 1
             state["epoch_records"].extend(records)
-            contrastive_batch = micro * len(batches) if exact else micro  # a short last group is smaller
-            state["steps"].append(_step_record(state["step"], epoch, lr, grad_norm, model, records,
-                                               "exact" if exact else "micro", contrastive_batch))
+            contrastive_batch = micro * len(batches) if mode == "exact" else micro  # a short last group is smaller
+            state["steps"].append(_step_record(state["step"], epoch, recipe["lr"] * factor, grad_norm,
+                                               model, records, mode, contrastive_batch))
+            timers["train_s"] += time.time() - step_started
             progress.update(1)
             progress.set_postfix(loss=f"{records[-1]['total']:.3g}", refresh=False)
             if main and state["step"] % execution["checkpoint_every_steps"] == 0:
@@ -287,7 +358,8 @@ def _train(job: TrainJob, distributed: Distributed) -> dict:
                 progress.close()
                 os.kill(os.getpid(), signal.SIGKILL)  # simulate a scheduler kill (tests)
         if main:
-            state["history"].append(_end_of_epoch(job, trained, state, epoch, eval_sets, device))
+            with _timed(timers, "eval_s"):
+                state["history"].append(_end_of_epoch(job, trained, state, epoch, eval_sets, device))
         state.update(epoch=epoch + 1, group=0, epoch_records=[])
         if main:
             save_checkpoint(job.checkpoint_dir, job.spec_hash, trained, optimizer, state)
@@ -296,10 +368,37 @@ def _train(job: TrainJob, distributed: Distributed) -> dict:
     wall = time.time() - started
     if not main:
         return {"run_id": job.run_id, "rank": distributed.rank, "optimizer_steps": state["step"], "wall_time_s": wall}
-    training = {"framework": trained.framework, "batch_mode": "exact" if exact else "micro",
+    training = {"framework": trained.framework, "batch_mode": mode,
+                "compute_batch": state.get("compute_batch_used", micro),
                 "precision": {"requested": recipe.get("precision", "fp32"), "effective": precision},
-                "processes": distributed.world_size, "grad_probe": probe_summary(probe, state["grad_probe"])}
+                "processes": distributed.world_size, "grad_probe": probe_summary(probe, state["grad_probe"]),
+                "timing_s": dict(timers), "method": method.summary,
+                "param_groups": [{"name": g["name"], "base_lr": g["base_lr"], "weight_decay": g["weight_decay"],
+                                  "parameters": sum(p.numel() for p in g["params"])}
+                                 for g in optimizer.param_groups]}
     return _write_outputs(job, trained.export(), state, backbone_info(job), wall, resumed_from, device, training)
+
+
+@contextlib.contextmanager
+def _timed(timers: dict, key: str):
+    started = time.time()
+    try:
+        yield
+    finally:
+        timers[key] += time.time() - started
+
+
+def _fit_compute_batch(model, optimizer, batches, objective, frozen_text, autocast, requested: int, micro: int,
+                       device) -> int:
+    """The largest compute batch up to `requested` whose step fits in memory (accelerators only:
+    on a CPU the requested value is used as it is)."""
+    if device.type == "cpu" or requested <= micro:
+        return requested
+
+    def try_step(size: int) -> None:
+        compute_batch_backward(model, batches, objective, frozen_text, autocast, lambda record: None, size, micro)
+        optimizer.zero_grad(set_to_none=True)
+    return fit_compute_batch(try_step, requested, micro, lambda line: print(line, file=sys.stderr))
 
 
 def backbone_info(job: TrainJob) -> dict:
@@ -330,7 +429,7 @@ def _write_outputs(job: TrainJob, model, state: dict, init: dict, wall: float, r
                "resumed_from_step": resumed_from, "optimizer_steps": state["step"],
                "final_weights_sha256": state["history"][-1]["weights_sha256"] if state["history"] else None,
                "saved_weights_match_last_epoch": saved_matches,
-               "images_per_second": _throughput(job, state, wall)})
+               **_throughput(job, state, wall, training["timing_s"])})
     write_json(job.out_dir / "train.json", record)
     return record
 
@@ -347,8 +446,11 @@ def _saved_weights_match(model_path: Path, history: list[dict]) -> bool | None:
     return True
 
 
-def _throughput(job: TrainJob, state: dict, wall: float) -> float:
-    """Training images per second of wall time (including per-epoch evaluation) in this process."""
-    micro = job.spec["recipe"]["micro_batch"]
-    micro_batches = sum(h["train"]["micro_batches"] for h in state["history"])
-    return micro * micro_batches / wall if wall > 0 else 0.0
+def _throughput(job: TrainJob, state: dict, wall: float, timing: dict) -> dict:
+    """Training images per second: over the whole job (per-epoch evaluation included), and over
+    the optimizer steps alone, without evaluation and gradient-probe time (what Table A3 reports)."""
+    images = job.spec["recipe"]["micro_batch"] * sum(h["train"]["micro_batches"] for h in state["history"])
+    training_s = timing["train_s"] - timing["probe_s"]
+    return {"images_per_second": images / wall if wall > 0 else 0.0,
+            "training_time_s": training_s,
+            "training_images_per_second": images / training_s if training_s > 0 else 0.0}

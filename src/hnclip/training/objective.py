@@ -59,18 +59,23 @@ def token_term(encoded: Encoded, logit_scale) -> torch.Tensor:
                                        encoded.text_padding_mask, logit_scale, chunk_size=TOKEN_LOSS_CHUNK)
 
 
-def loss_terms(model, images, tokens, objective: dict, frozen_text=None,
-               autocast: Autocast = contextlib.nullcontext) -> dict[str, torch.Tensor]:
-    """The objective's named terms for one micro-batch; `total` is what is back-propagated."""
-    with_tokens = objective["lambda_tok"] > 0
-    with autocast():
-        encoded = encode_batch(model, images, tokens, with_tokens=with_tokens)
-        margin_features = frozen_margin_features(frozen_text, tokens, objective)
-    scale = model.logit_scale.exp()
+def group_terms(encoded: Encoded, scale: torch.Tensor, objective: dict,
+                margin_features: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """The objective's named terms on one contrastive group (the features of one micro-batch);
+    `total` is what is back-propagated."""
     terms = contrastive_terms(encoded.image_features, encoded.text_features, scale, objective, margin_features)
     total = terms[trained_term(objective)]
-    if with_tokens:
+    if objective["lambda_tok"] > 0:
         terms["tok"] = token_term(encoded, scale)
         total = total + objective["lambda_tok"] * terms["tok"]
     terms["total"] = total
     return terms
+
+
+def loss_terms(model, images, tokens, objective: dict, frozen_text=None,
+               autocast: Autocast = contextlib.nullcontext) -> dict[str, torch.Tensor]:
+    """The objective's named terms for one micro-batch (its forward, then `group_terms`)."""
+    with autocast():
+        encoded = encode_batch(model, images, tokens, with_tokens=objective["lambda_tok"] > 0)
+        margin_features = frozen_margin_features(frozen_text, tokens, objective)
+    return group_terms(encoded, model.logit_scale.exp(), objective, margin_features)

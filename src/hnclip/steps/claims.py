@@ -1,0 +1,20 @@
+"""`hnclip effects` and `hnclip claims`: one table's contrasts with their intervals
+(results/effects/<table>.*), and the claims scorecard (results/claims.csv, results/claims.md)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from hnclip.config.registry import Registry
+from hnclip.errors import UnknownNameError
+
+
+def build_effects(reg: Registry, table: str) -> list[Path]:
+    from hnclip.report.effects import build_effects as build
+    if table not in reg.params["tables"]:
+        raise UnknownNameError(f"unknown table {table!r}; allowed values: {sorted(reg.params['tables'])}")
+    return build(reg, table)
+
+
+def build_claims(reg: Registry) -> list[Path]:
+    from hnclip.report.claims import build_claims as build
+    return build(reg)

@@ -1,0 +1,135 @@
+"""`recipe.compute_batch`: encode several micro-batches of an accumulation group in one forward.
+
+The contrastive group stays the micro-batch (the paper's 16-way softmax); only the forward gets
+larger. Up to `compute_batch` pairs (a multiple of `micro_batch`) are concatenated and encoded
+at once; every in-batch term is then computed per micro-batch on its rows of the features
+(block-diagonal: the group's own logits, its own live or frozen G, its own token term), and
+sum(group totals) / len(group batches) is back-propagated. The towers have no batch-dependent
+layers (LayerNorm, no BatchNorm) and train without dropout, so this is the gradient of sequential
+accumulation up to float rounding, while an accelerator runs one large batch instead of several
+small ones. (With dropout > 0, e.g. LoRA dropout, the masks are drawn differently: equal in
+distribution only.)
+
+Captions are trimmed to the longest caption of the whole forward (`towers.trim_padding`), so a
+group's text tokens can carry more padding than a forward of that group alone; the token term
+masks padded positions out, so its value does not depend on it.
+
+In a multi-process run each rank concatenates its shares of the micro-batches, and each group's
+terms gather that group's features from all ranks (`hnclip.losses.distributed`): every rank
+computes the groups in the same order, so the collectives match.
+
+Memory: all groups' loss graphs are kept until the one backward, so the token term holds
+(compute_batch / micro_batch) groups' [m, m, P, T] score tensors at once (about 1 GB at the
+paper's shapes); the encoder activations of the large forward dominate.
+"""
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable
+from dataclasses import fields
+
+import torch
+
+from hnclip.models.towers import Encoded, encode_batch
+from hnclip.training.objective import Autocast, frozen_margin_features, group_terms
+
+MicroBatch = tuple[torch.Tensor, torch.Tensor]  # (images, tokens), on the device
+# (encoded rows of one group, exponentiated logit scale, objective, frozen-G features or None) -> named terms
+GroupTerms = Callable[[Encoded, torch.Tensor, dict, torch.Tensor | None], dict[str, torch.Tensor]]
+
+
+def micro_batches_per_forward(compute_batch: int, micro_batch: int) -> int:
+    """How many micro-batches one forward encodes; compute_batch must be a positive multiple of micro_batch."""
+    if micro_batch < 1 or compute_batch < micro_batch or compute_batch % micro_batch:
+        raise ValueError(f"compute_batch ({compute_batch}) must be a positive multiple of micro_batch ({micro_batch})")
+    return compute_batch // micro_batch
+
+
+def encoded_rows(encoded: Encoded, rows: slice) -> Encoded:
+    """The same rows of every feature of `encoded` (absent features stay None)."""
+    return Encoded(**{f.name: None if getattr(encoded, f.name) is None else getattr(encoded, f.name)[rows]
+                      for f in fields(Encoded)})
+
+
+def compute_batch_backward(model, batches: list[MicroBatch], objective: dict, frozen_text, autocast: Autocast,
+                           check: Callable[[dict], None], compute_batch: int, micro_batch: int,
+                           terms: GroupTerms = group_terms) -> list[dict]:
+    """Accumulate one accumulation group's gradient into .grad, encoding `compute_batch` pairs per
+    forward; returns one record of float loss terms per micro-batch, in order. `check(record)` sees
+    every record of a forward before its backward. `terms` computes one group's terms (frameworks
+    with their own in-batch losses pass theirs)."""
+    per_forward = micro_batches_per_forward(compute_batch, micro_batch)
+    records = []
+    for start in range(0, len(batches), per_forward):
+        chunk = batches[start:start + per_forward]
+        records += _forward_backward(model, chunk, len(batches), objective, frozen_text, autocast, check, terms)
+    return records
+
+
+def _forward_backward(model, chunk: list[MicroBatch], group_size: int, objective: dict, frozen_text,
+                      autocast: Autocast, check: Callable[[dict], None], terms: GroupTerms) -> list[dict]:
+    tokens = torch.cat([t for _, t in chunk])
+    with autocast():
+        encoded = encode_batch(model, torch.cat([i for i, _ in chunk]), tokens, with_tokens=objective["lambda_tok"] > 0)
+        margin_features = frozen_margin_features(frozen_text, tokens, objective)
+    scale = model.logit_scale.exp()
+    group_losses, start = [], 0
+    for images, _ in chunk:
+        rows = slice(start, start + images.shape[0])
+        start = rows.stop
+        margin = None if margin_features is None else margin_features[rows]
+        group_losses.append(terms(encoded_rows(encoded, rows), scale, objective, margin))
+    records = _as_floats(group_losses)
+    for record in records:
+        check(record)
+    (torch.stack([losses["total"] for losses in group_losses]).sum() / group_size).backward()
+    return records
+
+
+def _as_floats(group_losses: list[dict[str, torch.Tensor]]) -> list[dict[str, float]]:
+    # One device-to-host copy for all values, rather than a synchronisation per term.
+    flat = torch.stack([value.detach().float() for losses in group_losses for value in losses.values()]).tolist()
+    records, position = [], 0
+    for losses in group_losses:
+        records.append(dict(zip(losses, flat[position:position + len(losses)])))
+        position += len(losses)
+    return records
+
+
+# ---- the memory fallback -----------------------------------------------------------------------
+def is_out_of_memory(error: BaseException) -> bool:
+    """torch's OutOfMemoryError, or a backend's RuntimeError that says "out of memory" (e.g. NPU)."""
+    return isinstance(error, torch.OutOfMemoryError) or (
+        isinstance(error, RuntimeError) and "out of memory" in str(error).lower())
+
+
+def fit_compute_batch(try_step: Callable[[int], None], requested: int, micro_batch: int,
+                      log: Callable[[str], None]) -> int:
+    """The compute batch to use: `requested` if try_step(requested) runs, else halved (rounded down
+    to a multiple of micro_batch, never below micro_batch) until one runs without running out of
+    memory; the value used is logged. try_step runs one step at that size and must not leave
+    anything behind that matters (e.g. zero the gradients it made). Any other error, and running
+    out of memory at micro_batch itself, is raised."""
+    micro_batches_per_forward(requested, micro_batch)
+    size = requested
+    while True:
+        try:
+            try_step(size)
+        except RuntimeError as error:  # torch.OutOfMemoryError is a RuntimeError
+            if size <= micro_batch or not is_out_of_memory(error):
+                raise
+        else:
+            log(f"compute_batch: using {size} pairs per forward (requested {requested}, micro_batch {micro_batch})")
+            return size
+        smaller = max(micro_batch, size // 2 // micro_batch * micro_batch)
+        log(f"compute_batch: {size} pairs per forward ran out of memory; trying {smaller}")
+        size = smaller
+        _release_cached_memory()
+
+
+def _release_cached_memory() -> None:
+    # The failed step's tensors are garbage once its exception is gone; hand their blocks back so
+    # the smaller size is not refused for fragmentation.
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

@@ -1,0 +1,121 @@
+"""How each framework turns training data into its named loss terms, one micro-batch at a time.
+
+`full`, `lora` and `dora` train the HN-CLIP objective (`hnclip.training.objective`): L_HN or
+InfoNCE, plus lambda * L_tok. The machinery baselines train their own objectives
+(`hnclip.losses.finelip`, `.goal`, `.structxlip`), whose global image-caption term becomes L_HN
+when the recipe's gamma > 0 (the paper's plug-and-play swap, D.2); their other terms are
+untouched. Each method says what one micro-batch holds (`load`), its terms (`terms`), what
+happens after each optimizer step (StructXLIP clamps the logit scale) and which extra module,
+if any, trains beside the CLIP (FineLIP's aggregators, at their own learning rate).
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from hnclip.config.constants import BASELINE_FRAMEWORKS, TRAINED_FRAMEWORKS
+from hnclip.training.objective import Autocast, loss_terms
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where a micro-batch sits in training (FineLIP's epoch-0 warm-up, StructXLIP's weight schedule)."""
+    epoch: int                 # 0-based
+    micro_batch: int           # 0-based index within the epoch
+    micro_batches_per_epoch: int
+
+
+@dataclass
+class Method:
+    framework: str
+    load: Callable[[list[int]], Any]                       # indices -> one micro-batch, on the CPU
+    terms: Callable[..., dict[str, torch.Tensor]]          # (model, batch on device, position, autocast)
+    extra_module: torch.nn.Module | None = None           # trained beside the CLIP, checkpointed, not exported
+    after_step: Callable[[torch.nn.Module], None] = lambda model: None
+    summary: dict = field(default_factory=dict)           # recorded in train.json (e.g. fallback counts)
+
+    def to_device(self, batch, device: torch.device):
+        if isinstance(batch, tuple):
+            return tuple(part.to(device) for part in batch)
+        return batch.to(device)
+
+    @property
+    def encodes_plain_pairs(self) -> bool:
+        """Whether a micro-batch is (images, tokens) under the HN-CLIP objective, the case the exact
+        large-batch and compute-batch modes and the gradient probe are written for."""
+        return self.framework in TRAINED_FRAMEWORKS
+
+
+def build_method(framework: str, objective: dict, settings: dict, model: torch.nn.Module, train_set,
+                 auxiliary: dict[str, Path], tokenizer, frozen_text=None) -> Method:
+    """The method of a run. `settings` are the framework's resolved protocol settings (run spec),
+    `auxiliary` the paths of its auxiliary inputs (GOAL: segments, StructXLIP: edges)."""
+    if framework in TRAINED_FRAMEWORKS:
+        def terms(model, batch, position, autocast: Autocast = contextlib.nullcontext):
+            return loss_terms(model, *batch, objective, frozen_text, autocast)
+        return Method(framework, train_set.batch, terms)
+    if framework == "finelip":
+        return _finelip(objective, settings, model, train_set)
+    if framework == "goal":
+        return _goal(objective, settings, model, train_set, auxiliary, tokenizer)
+    if framework == "structxlip":
+        return _structxlip(objective, settings, train_set, auxiliary, tokenizer)
+    raise ValueError(f"unknown framework {framework!r}; this trainer supports "
+                     f"{(*TRAINED_FRAMEWORKS, *BASELINE_FRAMEWORKS)}")
+
+
+def _finelip(objective: dict, settings: dict, model, train_set) -> Method:
+    from hnclip.losses.finelip import (
+        build_finelip_module,
+        fine_warmup_factor,
+        finelip_loss_terms,
+    )
+    warmup = settings["epoch0_warmup"]
+    loss_settings = {key: value for key, value in settings.items() if key != "epoch0_warmup"}
+    module = build_finelip_module(model, loss_settings).to(next(model.parameters()).device)
+
+    def terms(model, batch, position: Position, autocast: Autocast = contextlib.nullcontext):
+        factor = fine_warmup_factor(position.epoch, position.micro_batch, position.micro_batches_per_epoch) \
+            if warmup else 1.0
+        return finelip_loss_terms(model, module, *batch, objective, loss_settings, factor, autocast)
+    return Method("finelip", train_set.batch, terms, extra_module=module)
+
+
+def _goal(objective: dict, settings: dict, model, train_set, auxiliary: dict[str, Path], tokenizer) -> Method:
+    from hnclip.data.auxiliary.batches import GoalInputs
+    from hnclip.losses.goal import GoalSettings, goal_loss_terms
+    goal_settings = GoalSettings.from_dict({k: v for k, v in settings.items() if k != "anomaly_detection"})
+    inputs = GoalInputs(train_set, auxiliary["segments"], tokenizer, _grid_size(model.visual.image_size),
+                        _grid_size(model.visual.patch_size), goal_settings)
+    # The released step runs with autograd anomaly detection on: a cost only (Table A3), kept as a setting.
+    anomaly = bool(settings.get("anomaly_detection", False))
+
+    def terms(model, batch, position: Position, autocast: Autocast = contextlib.nullcontext):
+        with torch.autograd.set_detect_anomaly(anomaly):
+            return goal_loss_terms(model, batch, objective, goal_settings, autocast)
+    return Method("goal", inputs.batch, terms, summary={"images_without_segment": inputs.fallbacks,
+                                                          "images": len(inputs.rows)})
+
+
+def _structxlip(objective: dict, settings: dict, train_set, auxiliary: dict[str, Path], tokenizer) -> Method:
+    from hnclip.data.auxiliary.batches import StructXInputs
+    from hnclip.losses.structxlip import clamp_logit_scale_, structxlip_loss_terms
+    inputs = StructXInputs(train_set, auxiliary["edges"], tokenizer, settings)
+    loss_settings = {k: settings[k] for k in ("weights", "floors", "decay_epochs", "chunk_tokens")}
+    max_log_scale = settings["max_log_scale"]
+
+    def terms(model, batch, position: Position, autocast: Autocast = contextlib.nullcontext):
+        return structxlip_loss_terms(model, batch, objective, loss_settings, position.epoch, autocast)
+
+    def clamp(model):
+        if max_log_scale is not None:
+            clamp_logit_scale_(model, max_log_scale)
+    return Method("structxlip", inputs.batch, terms, after_step=clamp)
+
+
+def _grid_size(size) -> int:
+    return int(size[0] if isinstance(size, (tuple, list)) else size)

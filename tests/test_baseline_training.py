@@ -1,0 +1,157 @@
+"""The machinery baselines in the training loop: their auxiliary inputs, per-group learning rates,
+the logit-scale clamp, checkpoint/resume of an extra module, and compute-batch mode's identity."""
+import copy
+import json
+import math
+
+import pytest
+import torch
+import yaml
+from helpers.training import EVALUATION, EXECUTION, SPEC
+
+from hnclip.data.auxiliary.edges import EdgeSettings, build_edges
+from hnclip.data.auxiliary.lism import LismSettings, backbone_encoders, build_lism
+from hnclip.data.auxiliary.segments import CpuSegmenter
+from hnclip.io import read_jsonl, write_jsonl
+from hnclip.models.factory import create
+from hnclip.training.loop import TrainJob, build_optimizer, train
+
+
+@pytest.fixture(scope="module")
+def frameworks(project_root) -> dict:
+    return yaml.safe_load((project_root / "params.yaml").read_text())["frameworks"]
+
+
+@pytest.fixture(scope="module")
+def auxiliary(tiny_data, tmp_path_factory) -> dict:
+    """LISM segments and edge maps of the tiny training set, built as the auxiliary rules do."""
+    out = tmp_path_factory.mktemp("aux")
+    torch.manual_seed(0)
+    encoders = backbone_encoders(create("hnclip-tiny"))
+    build_lism(tiny_data["train"], out / "segments", CpuSegmenter(), encoders, LismSettings())
+    build_edges(tiny_data["train"], out / "segments" / "segments.jsonl", out / "edges", EdgeSettings())
+    return {"segments": out / "segments" / "segments.jsonl", "edges": out / "edges" / "edges.jsonl"}
+
+
+def baseline_job(tiny_data, out, framework, settings, auxiliary, gamma=0.0, recipe=None, execution=None):
+    spec = copy.deepcopy(SPEC)
+    spec["objective"] = {"framework": framework, "gamma": gamma, "lambda_tok": 0.0, "margin": "live",
+                         "settings": settings}
+    spec["recipe"].update(recipe or {})
+    return TrainJob(run_id=f"{framework}-run", spec=spec, spec_hash="b" * 64, init_kind="scratch", init_path=None,
+                    model_config="hnclip-tiny", train_manifest=tiny_data["train"],
+                    eval_manifests={"docci": tiny_data["test"]}, out_dir=out / "run", checkpoint_dir=out / "ckpt",
+                    execution={**EXECUTION, **(execution or {})}, evaluation=EVALUATION, auxiliary=auxiliary)
+
+
+@pytest.mark.parametrize("framework, terms", [("finelip", {"fine"}), ("goal", {"org", "seg", "patch", "text"}),
+                                              ("structxlip", {"g", "sc", "rs", "lsc"})])
+def test_each_baseline_trains_and_logs_its_terms(tiny_data, tmp_path, frameworks, auxiliary, framework, terms):
+    record = train(baseline_job(tiny_data, tmp_path, framework, frameworks[framework], auxiliary, gamma=0.5))
+    assert record["optimizer_steps"] == 6 and record["training"]["framework"] == framework
+    steps = read_jsonl(tmp_path / "run" / "steps.jsonl")
+    assert {f"{t}_mean" for t in terms | {"infonce", "hn", "total"}} <= set(steps[0])
+    assert all(math.isfinite(s["total_mean"]) for s in steps)
+    # evaluation exports a plain CLIP: the saved weights hold no extra module
+    saved = torch.load(tmp_path / "run" / "model.pt", weights_only=True)["state_dict"]
+    assert set(saved) == set(create("hnclip-tiny").model.state_dict())
+
+
+def test_finelip_module_trains_at_its_own_rate(tiny_data, tmp_path, frameworks, auxiliary):
+    job = baseline_job(tiny_data, tmp_path, "finelip", frameworks["finelip"], auxiliary,
+                       recipe={"lr": 1e-4, "module_lr": 1e-2})
+    groups = {g["name"]: g for g in train(job)["training"]["param_groups"]}
+    assert groups["module"]["base_lr"] == 1e-2 and groups["backbone"]["base_lr"] == 1e-4
+    assert groups["module"]["parameters"] > 0
+
+
+def test_optimizer_groups_and_decay_all():
+    model = create("hnclip-tiny").model
+    extra = torch.nn.Linear(4, 4)
+    optimizer = build_optimizer(model, {"lr": 2e-6, "weight_decay": 0.01, "module_lr": 2e-4}, extra)
+    by_name = {g["name"]: g for g in optimizer.param_groups}
+    assert by_name["backbone_no_decay"]["weight_decay"] == 0.0 and by_name["backbone"]["weight_decay"] == 0.01
+    assert by_name["module"]["lr"] == 2e-4 and set(by_name["module"]["params"]) == set(extra.parameters())
+    decay_all = build_optimizer(model, {"lr": 5e-6, "weight_decay": 0.05, "decay_all": True})
+    assert [g["name"] for g in decay_all.param_groups] == ["backbone"]
+    assert decay_all.param_groups[0]["weight_decay"] == 0.05
+
+
+def test_structxlip_clamps_the_logit_scale_after_every_step(tiny_data, tmp_path, frameworks, auxiliary):
+    train(baseline_job(tiny_data, tmp_path, "structxlip", frameworks["structxlip"], auxiliary))
+    scales = [s["logit_scale"] for s in read_jsonl(tmp_path / "run" / "steps.jsonl")]
+    assert max(scales) <= math.exp(3.5) + 1e-4  # the recipe resets s to 100; the clamp brings it to <= 33.1
+
+
+def test_goal_images_without_segment_fall_back_to_themselves(tiny_data, tmp_path, frameworks, auxiliary):
+    rows = read_jsonl(auxiliary["segments"])
+    for row in rows[:5]:
+        row.update(segment=None, matches=[], no_segment="no_segments")
+    crops_dir = auxiliary["segments"].parent
+    edited = crops_dir / "segments.fallback.jsonl"  # beside the crops it names
+    write_jsonl(edited, rows)
+    record = train(baseline_job(tiny_data, tmp_path, "goal", frameworks["goal"], {"segments": edited}))
+    assert record["training"]["method"] == {"images_without_segment": 5, "images": len(rows)}
+
+
+def test_checkpoint_holds_and_restores_the_extra_module(tmp_path):
+    from hnclip.training.frameworks import TrainedModel
+    first = TrainedModel.build(create("hnclip-tiny").model, "finelip")
+    first.attach(torch.nn.Linear(4, 4))
+    second = TrainedModel.build(create("hnclip-tiny").model, "finelip")
+    second.attach(torch.nn.Linear(4, 4))
+    assert not torch.equal(first.extra.weight, second.extra.weight)
+    second.restore(first.checkpoint_state(), tmp_path / "last.pt")
+    assert torch.equal(first.extra.weight, second.extra.weight)
+    assert set(first.trainable_parameters()) >= set(first.extra.parameters())
+
+
+def test_missing_auxiliary_rows_are_refused_with_the_fix(tiny_data, tmp_path, frameworks, auxiliary):
+    rows = read_jsonl(auxiliary["edges"])[:-1]
+    short = auxiliary["edges"].parent / "edges.short.jsonl"
+    write_jsonl(short, rows)
+    with pytest.raises(ValueError, match="has no row for 1 training image.*rebuild it"):
+        train(baseline_job(tiny_data, tmp_path, "structxlip", frameworks["structxlip"], {"edges": short}))
+
+
+def test_compute_batch_is_recorded_and_matches_micro_batches(tiny_data, tmp_path):
+    micro = train(TrainJob(run_id="m", spec=SPEC, spec_hash="c" * 64, init_kind="scratch", init_path=None,
+                           model_config="hnclip-tiny", train_manifest=tiny_data["train"],
+                           eval_manifests={"docci": tiny_data["test"]}, out_dir=tmp_path / "m" / "run",
+                           checkpoint_dir=tmp_path / "m" / "ckpt", execution=EXECUTION, evaluation=EVALUATION))
+    whole = train(TrainJob(run_id="c", spec=SPEC, spec_hash="c" * 64, init_kind="scratch", init_path=None,
+                           model_config="hnclip-tiny", train_manifest=tiny_data["train"],
+                           eval_manifests={"docci": tiny_data["test"]}, out_dir=tmp_path / "c" / "run",
+                           checkpoint_dir=tmp_path / "c" / "ckpt",
+                           execution={**EXECUTION, "compute_batch": 16}, evaluation=EVALUATION))
+    assert micro["training"]["compute_batch"] == 8 and micro["training"]["batch_mode"] == "micro"
+    assert whole["training"]["compute_batch"] == 16 and whole["training"]["batch_mode"] == "compute"
+    a = json.loads(json.dumps(micro["history"][-1]["eval"]))
+    b = json.loads(json.dumps(whole["history"][-1]["eval"]))
+    assert a["docci"]["t2i"] == pytest.approx(b["docci"]["t2i"], abs=1e-6)
+    steps_micro = read_jsonl(tmp_path / "m" / "run" / "steps.jsonl")
+    steps_whole = read_jsonl(tmp_path / "c" / "run" / "steps.jsonl")
+    for x, y in zip(steps_micro, steps_whole, strict=True):
+        assert y["total_mean"] == pytest.approx(x["total_mean"], rel=1e-4)
+
+
+def test_initial_evaluation_is_computed_once_per_initial_weights(tiny_data, tmp_path, monkeypatch):
+    import hnclip.training.loop as loop
+    calls = []
+    real = loop._evaluate_all
+    monkeypatch.setattr(loop, "_evaluate_all", lambda *a, **k: calls.append(1) or real(*a, **k))
+    spec = copy.deepcopy(SPEC)
+    spec["recipe"]["epochs"] = 1
+
+    def job(name, seed):
+        return TrainJob(run_id=name, spec={**spec, "seed": seed}, spec_hash=name * 64, init_kind="scratch",
+                        init_path=None, model_config="hnclip-tiny", train_manifest=tiny_data["train"],
+                        eval_manifests={"docci": tiny_data["test"]}, out_dir=tmp_path / name / "run",
+                        checkpoint_dir=tmp_path / name / "ckpt", execution=EXECUTION, evaluation=EVALUATION,
+                        eval_cache_dir=tmp_path / "cache")
+    torch.manual_seed(0)
+    first = train(job("a", 7))  # scratch init is seeded by the run's seed: same seed, same initial weights
+    second = train(job("b", 7))
+    assert first["initial_eval"] == second["initial_eval"]
+    assert len(calls) == 2 + 1  # one initial evaluation, one per epoch and run
+    assert len(list((tmp_path / "cache").glob("*.json"))) == 1

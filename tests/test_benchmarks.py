@@ -1,0 +1,104 @@
+"""The benchmark scripts run at their small CPU shapes and append JSON lines with the fields the
+README table and the issue's closing note are built from."""
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+# The scripts import each other by module name, as when run from benchmarks/.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+recall_large = importlib.import_module("recall_large")
+throughput = importlib.import_module("throughput")
+token_memory = importlib.import_module("token_memory")
+
+ENVIRONMENT = {"device", "device_name", "threads", "libraries", "git", "timestamp"}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny shapes run fastest on one thread, and do not crawl when other processes share the CPUs."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def read_lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def assert_environment(record: dict) -> None:
+    assert ENVIRONMENT <= record.keys()
+    assert record["libraries"]["torch"] and record["libraries"]["open_clip_torch"]
+    assert "commit" in record["git"]
+
+
+def test_throughput_records_both_modes(tmp_path):
+    out = tmp_path / "throughput.jsonl"
+    out.write_text(json.dumps({"earlier": "line"}) + "\n")  # appended to, not replaced
+    returned = throughput.main(["--small", "--steps", "1", "--warmup", "0", "--methods", "plain,hnclip",
+                                "--out", str(out)])
+    lines = read_lines(out)
+    assert lines[0] == {"earlier": "line"} and lines[1:] == json.loads(json.dumps(returned))
+    records = lines[1:]
+    assert [(r["method"], r["mode"]) for r in records] == [
+        ("plain", "accumulate"), ("plain", "compute_batch"), ("hnclip", "accumulate"), ("hnclip", "compute_batch")]
+    for record in records:
+        assert_environment(record)
+        assert record["device"] == "cpu" and record["precision"] == "fp32"
+        assert record["img_per_s"] == pytest.approx(8 / record["step_s_median"])  # 4 x 2 pairs per step
+        assert record["peak_mem_gb"] > 0
+        shapes = record["shapes"]
+        assert (shapes["model"], shapes["image_size"], shapes["micro_batch"], shapes["grad_accum"]) == \
+            ("hnclip-tiny", 64, 4, 2)
+        assert shapes["compute_batch"] == (8 if record["mode"] == "compute_batch" else None)
+    assert records[2]["objective"] == {"gamma": 0.5, "lambda_tok": 1.0, "margin": "live"}
+
+
+def test_throughput_rejects_unknown_methods(tmp_path):
+    with pytest.raises(SystemExit):
+        throughput.main(["--small", "--methods", "plain,goal", "--out", str(tmp_path / "x.jsonl")])
+
+
+def test_throughput_captions_have_the_requested_lengths():
+    shapes = throughput.Shapes("hnclip-tiny", 8, caption_tokens=50, micro_batch=3, grad_accum=2, compute_batch=6)
+    batches = throughput.random_inputs(shapes, torch.device("cpu"))
+    assert [tuple(images.shape) for images, _ in batches] == [(3, 3, 8, 8)] * 2
+    for _, tokens in batches:
+        for row in tokens:
+            length = int((row != 0).sum())
+            assert 40 <= length <= 60  # 50 +- 20 %
+            assert row[0] == throughput.SOT and row[length - 1] == throughput.EOT
+            assert int(row[1:length - 1].max()) < throughput.SOT and not row[length:].any()
+
+
+def test_token_memory_records(tmp_path):
+    out = tmp_path / "token_memory.jsonl"
+    token_memory.main(["--small", "--out", str(out)])
+    records = read_lines(out)
+    assert [(r["config"], r["batch"], r["groups"]) for r in records] == [
+        ("naive", 4, 1), ("training", 4, 1), ("block_diagonal", 8, 2)]
+    # SMALL: T=16, P=17, E=32, groups of 4: B x B x T x P x 4 bytes
+    assert [r["naive_tensor_bytes"] for r in records] == [4 * 4 * 16 * 17 * 4, 4 * 4 * 16 * 17 * 4, 8 * 8 * 16 * 17 * 4]
+    assert records[2]["naive_block_diagonal_bytes"] == 2 * 4 * 4 * 16 * 17 * 4
+    assert records[2]["input_grad_bytes"] == 8 * (17 + 16) * 32 * 4
+    for record in records:
+        assert_environment(record)
+        if token_memory.peak_memory_supported():
+            assert record["measured_peak_bytes"] >= 0
+        else:
+            assert record["measured_peak_bytes"] is None
+
+
+def test_recall_large_record(tmp_path):
+    out = tmp_path / "recall_large.jsonl"
+    recall_large.main(["--small", "--repeats", "1", "--out", str(out)])
+    (record,) = read_lines(out)
+    assert_environment(record)
+    assert (record["n"], record["dim"], record["goal_s"]) == (500, 768, 1.0)
+    assert record["median_s"] > 0 and record["meets_goal"] == (record["median_s"] <= 1.0)

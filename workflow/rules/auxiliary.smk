@@ -1,0 +1,43 @@
+# The baselines' auxiliary inputs of each training set, each its own job: GOAL's LISM segment
+# pairs, and StructXLIP's edge maps (of the images and of their top matched segments).
+
+
+def auxiliary_segment_inputs(wildcards):
+    from hnclip.steps.auxiliary import model_inputs
+    return {"train_data": dataset_marker(wildcards.dataset), **{k: str(v) for k, v in model_inputs(REG).items()}}
+
+
+rule auxiliary_segments:
+    input:
+        unpack(auxiliary_segment_inputs),
+    output:
+        index=f"{DATA_ROOT}/{{dataset}}/auxiliary/segments/segments.jsonl",
+        record=f"{DATA_ROOT}/{{dataset}}/auxiliary/segments/record.json",
+    params:
+        settings=canonical_json({k: REG.profile.get("auxiliary", {}).get(k) for k in ("segmenter", "matcher", "lism")}),
+    log:
+        f"logs/{PROFILE}/auxiliary/{{dataset}}.segments.log",
+    benchmark:
+        f"logs/{PROFILE}/auxiliary/{{dataset}}.segments.benchmark.tsv"
+    threads: EXECUTION["threads"]
+    resources:
+        gpu=USES_GPU,
+    shell:
+        f"{HNCLIP} --threads {{threads}} auxiliary segments --dataset {{wildcards.dataset}} > {{log}} 2>&1"
+
+
+rule auxiliary_edges:
+    input:
+        train_data=lambda w: dataset_marker(w.dataset),
+        segments=f"{DATA_ROOT}/{{dataset}}/auxiliary/segments/segments.jsonl",
+    output:
+        index=f"{DATA_ROOT}/{{dataset}}/auxiliary/edges/edges.jsonl",
+        record=f"{DATA_ROOT}/{{dataset}}/auxiliary/edges/record.json",
+    params:
+        settings=canonical_json(REG.profile.get("auxiliary", {}).get("edges")),
+    log:
+        f"logs/{PROFILE}/auxiliary/{{dataset}}.edges.log",
+    benchmark:
+        f"logs/{PROFILE}/auxiliary/{{dataset}}.edges.benchmark.tsv"
+    shell:
+        f"{HNCLIP} auxiliary edges --dataset {{wildcards.dataset}} > {{log}} 2>&1"

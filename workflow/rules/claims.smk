@@ -1,0 +1,53 @@
+# Effects (each table's contrasts, paper vs reproduced with 95 % bootstrap intervals) and the claims
+# scorecard (every quantitative claim of the paper judged on this profile), shown first in the report.
+from hnclip.report.claims import claims_inputs
+from hnclip.report.effects import definitions, effects_inputs
+
+BOOTSTRAP = canonical_json(config.get("bootstrap", {}))  # resamples, seed, confidence (defaults in the code)
+# The claims and contrasts are package data (src/hnclip/report/claims.yaml): an edit reruns what it changes.
+
+
+rule effects:
+    input:
+        lambda w: [str(p) for p in effects_inputs(REG, w.table)],
+    output:
+        csv="results/effects/{table}.csv",
+        md=report("results/effects/{table}.md", caption="../report/effects.rst",
+                  category=lambda w: report_section("tables", w.table), subcategory="Effects",
+                  labels={"effects": "{table}"}),
+        provenance="results/effects/{table}.provenance.json",
+    params:
+        bootstrap=BOOTSTRAP,
+        contrasts=lambda w: canonical_json(definitions().get("contrasts", {}).get(w.table, {})),
+    log:
+        f"logs/{PROFILE}/effects/{{table}}.log",
+    benchmark:
+        f"logs/{PROFILE}/effects/{{table}}.benchmark.tsv"
+    shell:
+        f"{HNCLIP} effects {{wildcards.table}} > {{log}} 2>&1"
+
+
+rule claims:
+    input:
+        [str(p) for p in claims_inputs(REG)],
+    output:
+        csv="results/claims.csv",
+        # "0 ..." sorts before every paper section in the report's menu
+        md=report("results/claims.md", caption="../report/claims.rst", category="0 Claims scorecard",
+                  subcategory="Scorecard", labels={"scorecard": "claims"}),
+        provenance="results/claims.provenance.json",
+    params:
+        bootstrap=BOOTSTRAP,
+        claims=canonical_json(definitions()["claims"]),
+    log:
+        f"logs/{PROFILE}/claims.log",
+    benchmark:
+        f"logs/{PROFILE}/claims.benchmark.tsv"
+    shell:
+        f"{HNCLIP} claims > {{log}} 2>&1"
+
+
+def claims_targets():
+    """What `rule all` adds for this file: every table's effects and the scorecard."""
+    effects = [f"results/effects/{table}.{ext}" for table in REG.tables for ext in ("csv", "md")]
+    return effects + ["results/claims.csv", "results/claims.md"]
