@@ -50,7 +50,9 @@ def test_gradient_probes_only_on_the_runs_the_gradient_figures_draw(params, in_p
     reg = Registry(params)
     every = reg.profile["execution"]["grad_probe_every"]
     fig4 = _runs(reg, "table1", "hn_clip", "docci")
-    figA8 = {c.run_id for c in reg.cells("tableA9") if c.run_id}
+    rows = set(params["figures"]["figA8_gradient_dynamics_scales"]["rows"])  # HN-CLIP rows of Table A9
+    figA8 = {c.run_id for c in reg.cells("tableA9") if c.run_id and c.row in rows}
+    assert figA8 and not any("-goal-" in run for run in figA8)
     probed = {run_id for run_id in reg.runs() if reg.probe_every(run_id)}
     assert probed == fig4 | figA8 and all(reg.probe_every(r) == every for r in probed)
     assert reg.probe_every(next(iter(_runs(reg, "table3a", "gamma=0.25", "docci")))) == 0

@@ -70,7 +70,8 @@ def cmd_auxiliary(args) -> int:
 def cmd_pretrain(args) -> int:
     from hnclip.steps.train import pretrain_backbone
     record = pretrain_backbone(_registry(args), args.backbone)
-    print(f"pretrained {record['run_id']} (final epoch: {record['history'][-1]['eval']})")
+    final = {name: {d: m[d]["R@1"] for d in ("t2i", "i2t")} for name, m in record["history"][-1]["eval"].items()}
+    print(f"pretrained {record['run_id']} (final epoch R@1: {final})")
     return 0
 
 

@@ -16,6 +16,7 @@ rule train:
         # settings) and whether its gradients are probed. A change reruns the run.
         evaluation=canonical_json(config["evaluation"]),
         grad_probe_every=lambda w: REG.probe_every(w.run),
+        grad_probe_precision=EXECUTION.get("grad_probe_precision", "fp32"),
     log:
         "logs/train/{run}.log",
     benchmark:

@@ -68,7 +68,10 @@ def method_recipe(recipe: dict, method: dict) -> dict:
     settings (`recipe`: e.g. weight decay) and its adapter shape. Absent settings add no key, so
     other runs keep their identity. `compute_batch` is an execution choice: never in a run's recipe."""
     base_lr = recipe["lr"]
-    recipe = {key: value for key, value in recipe.items() if key != "compute_batch"}
+    # compute_batch is an execution choice; a null max_logit_scale is the default (unclamped): neither
+    # is part of a run's identity, so naming them in params.yaml changes no run id
+    recipe = {key: value for key, value in recipe.items()
+              if key != "compute_batch" and not (key == "max_logit_scale" and value is None)}
     recipe.update(method.get("recipe", {}))
     if method.get("lr_scale", 1.0) != 1.0:
         recipe["lr"] = base_lr * method["lr_scale"]

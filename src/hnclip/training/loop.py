@@ -252,6 +252,14 @@ def train(job: TrainJob) -> dict:
         return _train(job, distributed)
 
 
+def _clamp_logit_scale(model, max_scale: float | None) -> None:
+    """`recipe.max_logit_scale`: clamp exp(logit_scale) after every step (None: unclamped, as chosen
+    for the paper's recipe, which does not say; open_clip's trainer clamps at 100)."""
+    if max_scale is not None:
+        with torch.no_grad():
+            model.logit_scale.clamp_(max=math.log(max_scale))
+
+
 def _group_backward_mode(recipe: dict, execution: dict, method: Method) -> str:
     """micro (default), exact (one contrastive batch per group) or compute (several micro-batches
     per forward, each its own contrastive group; an execution choice, see `compute_batch`)."""
@@ -323,7 +331,11 @@ def _train(job: TrainJob, distributed: Distributed) -> dict:
             positions = [Position(epoch, group_index * accum + k, micro_per_epoch) for k in range(len(batches))]
             if probe is not None and probe.due(state["step"]):
                 probe_started = time.time()
-                measured = probe.measure(model, trained.trainable_parameters(), *batches[0], frozen_text, autocast,
+                # the probe's forward precision is a setting: the paper reports exact zeros "in fp32"
+                probe_autocast = autocast if execution.get("grad_probe_precision", "fp32") == "run" \
+                    else contextlib.nullcontext
+                measured = probe.measure(model, trained.trainable_parameters(), *batches[0], frozen_text,
+                                         probe_autocast,
                                          distributed)
                 state["grad_probe"].append({"step": state["step"], "epoch": epoch + 1, **measured})
                 timers["probe_s"] += time.time() - probe_started
@@ -343,6 +355,7 @@ def _train(job: TrainJob, distributed: Distributed) -> dict:
             grad_norm = gradient_norm(model)
             optimizer.step()
             method.after_step(model)
+            _clamp_logit_scale(model, recipe.get("max_logit_scale"))
             state["step"] += 1
             state["group"] = group_index + 1
             state["epoch_records"].extend(records)
@@ -372,6 +385,7 @@ def _train(job: TrainJob, distributed: Distributed) -> dict:
                 "compute_batch": state.get("compute_batch_used", micro),
                 "precision": {"requested": recipe.get("precision", "fp32"), "effective": precision},
                 "processes": distributed.world_size, "grad_probe": probe_summary(probe, state["grad_probe"]),
+                "grad_probe_precision": execution.get("grad_probe_precision", "fp32") if probe else None,
                 "timing_s": dict(timers), "method": method.summary,
                 "param_groups": [{"name": g["name"], "base_lr": g["base_lr"], "weight_decay": g["weight_decay"],
                                   "parameters": sum(p.numel() for p in g["params"])}
