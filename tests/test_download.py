@@ -1,16 +1,7 @@
 """Downloads against a local HTTP server that injects faults: every fault must end in a verified
 file or a clear error, and nothing partial or corrupt may ever be marked complete.
 
-The server (also used by test_real_manifests.py) serves `/<source>/<file>` with Range support and a
-per-path queue of faults, each consumed by one GET:
-  "500"       HTTP 500, no body
-  "429"       HTTP 429 with Retry-After: 3
-  "truncate"  sends `cut` bytes of a body announced longer, then closes the connection cleanly
-  "drop"      sends `cut` bytes, then resets the connection (RST) mid-body
-  "wrong"     sends different bytes of the same length (checksum mismatch)
-A path in `ignore_range` always answers 200 with the full body. `add_hub` serves a file the way the
-Hugging Face Hub does (`/[datasets/]<repo>/resolve/<commit>/<file>`, HEAD and GET, with the
-X-Repo-Commit and ETag headers hf_hub_download requires), for the `hub` fixture.
+The fault-injecting server and its fault kinds are described in tests/helpers/fault_server.py.
 """
 from __future__ import annotations
 
