@@ -18,6 +18,7 @@ include: "workflow/rules/stats.smk"
 include: "workflow/rules/gradient_stats.smk"
 include: "workflow/rules/report.smk"
 include: "workflow/rules/claims.smk"
+include: "workflow/rules/regime.smk"
 
 
 rule all:

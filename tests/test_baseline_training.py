@@ -57,6 +57,28 @@ def test_each_baseline_trains_and_logs_its_terms(tiny_data, tmp_path, frameworks
     assert set(saved) == set(create("hnclip-tiny").model.state_dict())
 
 
+def test_released_cost_steps_are_recorded_and_change_no_weight(tiny_data, tmp_path, frameworks, auxiliary):
+    """A run's spec holds no cost-only setting; the job says which it pays (the timed run), the record says so."""
+    settings = {k: v for k, v in frameworks["goal"].items() if k not in ("double_forward", "anomaly_detection")}
+    weights, records = [], []
+    for paid in (False, True):
+        out = tmp_path / str(paid)
+        costs = {"double_forward": paid, "anomaly_detection": paid}
+        records.append(train(baseline_job(tiny_data, out, "goal", settings, auxiliary,
+                                          execution={"cost_only_steps": costs})))
+        weights.append(torch.load(out / "run" / "model.pt", weights_only=True)["state_dict"])
+    assert [r["training"]["released_costs"]["double_forward"] for r in records] == [False, True]
+    for name, value in weights[0].items():
+        other = weights[1][name]
+        if name.endswith("attn.in_proj_bias"):
+            # the key bias has a mathematically zero gradient (softmax ignores it): AdamW turns its float
+            # noise into +-lr steps that change no output, so compare the query and value biases only
+            width = value.shape[0] // 3
+            value, other = torch.cat([value[:width], value[2 * width:]]), torch.cat([other[:width], other[2 * width:]])
+        error = float((other - value).norm() / value.norm().clamp_min(1e-12))
+        assert error < 1e-4, (name, error)
+
+
 def test_finelip_module_trains_at_its_own_rate(tiny_data, tmp_path, frameworks, auxiliary):
     job = baseline_job(tiny_data, tmp_path, "finelip", frameworks["finelip"], auxiliary,
                        recipe={"lr": 1e-4, "module_lr": 1e-2})

@@ -95,7 +95,9 @@ def assert_same_results(single: dict, multi: dict) -> None:
     for name in single:
         if name == "probe":
             for key, value in single[name].items():
-                expected = pytest.approx(value, rel=1e-5, abs=TOLERANCE) if isinstance(value, float) else value
+                # bf16 matmuls round differently at another batch shape: equal to bf16's precision only
+                rel = 1e-2 if key.startswith("clip_bf16_") else 1e-5
+                expected = pytest.approx(value, rel=rel, abs=TOLERANCE) if isinstance(value, float) else value
                 assert multi[name][key] == expected, key
             continue
         for term, value in single[name]["loss"].items():

@@ -313,6 +313,27 @@ def test_double_forward_gives_identical_terms(backbone, batch):
     assert once.keys() == twice.keys() and all(torch.equal(once[k], twice[k]) for k in once)
 
 
+def test_released_costs_change_no_gradient(backbone, batch):
+    """double_forward and anomaly detection are cost only: the same gradient on every parameter, which is
+    why they are not part of a run's identity and only the timed run pays them (Registry.released_costs)."""
+    model = backbone.model
+
+    def gradients(double_forward: bool, anomaly: bool) -> dict[str, torch.Tensor]:
+        model.zero_grad(set_to_none=True)
+        with torch.autograd.set_detect_anomaly(anomaly):
+            terms = goal_loss_terms(model, batch, _objective(0.5), GoalSettings(double_forward=double_forward))
+            terms["total"].backward()
+        grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+        model.zero_grad(set_to_none=True)
+        return grads
+
+    plain, released = gradients(False, False), gradients(True, True)
+    assert plain.keys() == released.keys() and len(plain) > 10
+    for name in plain:  # equal up to the float summation order of the second graph's contributions
+        error = float((released[name] - plain[name]).norm() / plain[name].norm().clamp_min(1e-12))
+        assert error < 1e-5, (name, error)
+
+
 def test_bf16_autocast_gives_fp32_terms_close_to_fp32(backbone, batch):
     with torch.no_grad():
         ref = goal_loss_terms(backbone.model, batch, _objective(0.5), GoalSettings())

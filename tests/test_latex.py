@@ -69,11 +69,13 @@ def _fake_evaluations(reg: Registry, root: Path) -> None:
                            for i, d in enumerate(("t2i", "i2t"))}
                 path = root / "results" / "evals" / cell.run_id / f"{cell.benchmark}.json"
                 path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(json.dumps({"best": {"epoch": 10, "metrics": metrics}}))
+                # a transfer cell names the checkpoint selected on the run's own benchmark, as evaluate writes it
+                best = {"epoch": 10, "metrics": metrics, "selected_on": {"benchmark": "docci", "metric": "mean_r1"}}
+                path.write_text(json.dumps({"best": best}))
 
 
 def _fake_training_records(reg: Registry, root: Path) -> None:
-    for run_id in filter(None, build.timing_runs(reg).values()):
+    for run_id in filter(None, reg.timed_runs().values()):
         path = root / "results" / "runs" / run_id / "train.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"wall_time_s": 5520.0, "images_per_second": 55.5, "device": {"type": "cuda"}}))

@@ -69,8 +69,11 @@ def test_zeroshot_row_and_baseline_runs(params, in_project):
     assert all(run for run, _ in reg.evaluations())
     goal = reg.run(next(c.run_id for c in reg.cells("table1") if c.row == "goal"))
     assert goal.run_id.startswith(f"{goal.train_set}-goal-g0-")
-    # the framework's protocol settings and auxiliary-input settings are part of the run's identity
-    assert goal.spec["objective"]["settings"] == params["frameworks"]["goal"]
+    # the framework's protocol settings (but its cost-only ones) and auxiliary-input settings are part
+    # of the run's identity
+    cost_only = {"double_forward", "anomaly_detection"}
+    assert goal.spec["objective"]["settings"] == {k: v for k, v in params["frameworks"]["goal"].items()
+                                                  if k not in cost_only}
     assert set(goal.spec["auxiliary"]) == {"segments"}
     assert set(reg.auxiliary_inputs(goal.run_id)) == {"segments"}
     structx = reg.run(next(c.run_id for c in reg.cells("table1") if c.row == "structxlip"))
@@ -101,6 +104,28 @@ def test_compute_batch_is_not_part_of_a_run(params, in_project):
     other = copy.deepcopy(params)
     other["profiles"][other["profile"]]["recipe"]["compute_batch"] = 128
     assert set(Registry(params).runs()) == set(Registry(other).runs())
+
+
+def test_released_costs_are_paid_by_the_timed_run_only(params, in_project):
+    """GOAL's double forward and anomaly detection change no weight (tests/test_goal_loss.py): not part of
+    a run's identity, executed by the run Table A3 times and by no other, unless execution says `all`."""
+    other = copy.deepcopy(params)
+    other["frameworks"]["goal"].update(double_forward=False, anomaly_detection=False)
+    reg = Registry(params)
+    assert set(reg.runs()) == set(Registry(other).runs())
+    timed = reg.timed_runs()["goal"]
+    goal_runs = [r for r, run in reg.runs().items() if run.spec["objective"]["framework"] == "goal"]
+    assert timed in goal_runs and len(goal_runs) > 5
+    assert all("double_forward" not in reg.run(r).spec["objective"]["settings"] for r in goal_runs)
+    costs = {r: reg.released_costs(r) for r in goal_runs}
+    assert costs[timed] == {"double_forward": True, "anomaly_detection": True}
+    assert all(c == {"double_forward": False, "anomaly_detection": False} for r, c in costs.items() if r != timed)
+    assert reg.released_costs(reg.timed_runs()["hn_clip"]) == {}
+    everywhere = copy.deepcopy(params)
+    everywhere["profiles"][everywhere["profile"]]["execution"]["released_costs"] = "all"
+    assert all(Registry(everywhere).released_costs(r)["double_forward"] for r in goal_runs)
+    corrected = Registry({**params, "optional_tables": True})  # the bugs-fixed GOAL is timed without them
+    assert not any(corrected.released_costs(corrected.timed_runs()["goal_corrected"]).values())
 
 
 def test_run_id_is_readable_and_content_addressed(params, in_project):

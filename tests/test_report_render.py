@@ -212,7 +212,7 @@ def test_csv_keeps_the_key_and_gains_the_label_and_one_seed_reads_seed_42(params
 def test_timing_table_writes_latex_with_the_papers_printed_cells(params, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     reg = Registry({**params, "profile": "paper"}, validate=False)
-    for run_id in filter(None, build.timing_runs(reg).values()):
+    for run_id in filter(None, reg.timed_runs().values()):
         path = tmp_path / "results" / "runs" / run_id / "train.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"wall_time_s": 1234.5, "images_per_second": 44.25, "device": {"type": "cpu"}}))

@@ -1,6 +1,7 @@
 """`hnclip evaluate` on a real micro project: in-domain records come from the training record
 (no model is loaded), a replaced checkpoint or changed evaluation settings are refused with an
-actionable message, and a transfer benchmark is encoded from the final weights."""
+actionable message, and a transfer benchmark is encoded from the checkpoint selected on the run's
+own benchmark."""
 import copy
 import shutil
 
@@ -64,10 +65,15 @@ def test_changed_evaluation_settings_require_retraining(project):
         evaluate_run(reg, _docci_run(reg), "docci")
 
 
-def test_transfer_benchmark_is_encoded_from_the_final_weights(project):
+def test_transfer_benchmark_is_encoded_from_the_selected_checkpoint(project):
     reg = _registry(project)
     run_id = _docci_run(reg)  # trained on DOCCI, never evaluated on DCI while training
     out = read_json(evaluate_run(reg, run_id, "dci"))
-    assert out["best"] == {**out["last"], "note": "not evaluated every epoch; best = last"}
-    assert out["last"]["metrics"]["n"] == 32 and 0 <= out["last"]["metrics"]["t2i"]["R@1"] <= 100
+    train = read_json(project / "results/runs" / run_id / "train.json")
+    selected = train["selected_checkpoint"]  # chosen on DOCCI, the run's own benchmark
+    assert selected["epoch"] == select_epochs(train["history"], "docci")["best"]["epoch"]
+    assert out["best"]["epoch"] == selected["epoch"] and out["best"]["checkpoint"] == "model_selected"
+    assert out["best"]["weights_sha256"] == selected["weights_sha256"]
+    assert out["last"]["epoch"] == train["history"][-1]["epoch"] and out["last"]["checkpoint"] == "model"
+    assert out["last"]["metrics"]["n"] == 32 and 0 <= out["best"]["metrics"]["t2i"]["R@1"] <= 100
     assert out["consistent_with_training"] is None

@@ -102,6 +102,11 @@ def cmd_gradient_stats(args) -> int:
     return 0
 
 
+def cmd_regime(args) -> int:
+    from hnclip.steps.regime import build_regime
+    return _wrote(build_regime(_registry(args)))
+
+
 def cmd_table(args) -> int:
     from hnclip.steps.report import build_table
     return _wrote(build_table(_registry(args), args.table))
@@ -202,6 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--benchmark", required=True)
     p = verb("gradient-stats", cmd_gradient_stats, "statistics of a gradient figure (Fig. 4, A8) from its probe logs")
     p.add_argument("figure")
+    verb("regime", cmd_regime, "measure the regime preconditions (params.yaml regime_targets): results/stats/regime.*")
     p = verb("table", cmd_table, "build a table of params.yaml (md, tex, csv + provenance)")
     p.add_argument("table")
     p = verb("figure", cmd_figure, "draw a figure of params.yaml's figures (png, pdf)")

@@ -72,7 +72,10 @@ def evaluate_inputs(wildcards):
     data = {"data": test_data(wildcards.benchmark)}
     if REG.is_zeroshot(wildcards.run):
         return {**data, "init": backbone_weights()}
-    return {**data, "model": paths.run_model(wildcards.run), "record": paths.run_record(wildcards.run)}
+    inputs = {**data, "model": paths.run_model(wildcards.run), "record": paths.run_record(wildcards.run)}
+    if evaluation_encodes(wildcards):  # a transfer cell: the checkpoint selected on the run's own benchmark
+        inputs["model_selected"] = paths.run_selected_model(wildcards.run)
+    return inputs
 
 
 def test_data(benchmark):
@@ -80,7 +83,9 @@ def test_data(benchmark):
 
 
 def table_inputs(wildcards):
-    return [str(paths.evaluation(run, bench)) for run, bench in REG.evaluations([wildcards.table])]
+    from hnclip.report.tables import probe_inputs  # the probed runs' records (Table X1's gradient section)
+    return [str(paths.evaluation(run, bench)) for run, bench in REG.evaluations([wildcards.table])] + \
+        [str(path) for path in probe_inputs(REG, wildcards.table)]
 
 
 def figure_inputs(wildcards):
@@ -98,14 +103,14 @@ def figure_inputs(wildcards):
 
 
 def timing_inputs(wildcards):
-    from hnclip.report.build import timing_runs
-    return [str(paths.run_record(run)) for run in timing_runs(REG, TIMING_TABLE).values() if run]
+    return [str(paths.run_record(run)) for run in REG.timed_runs(TIMING_TABLE).values() if run]
 
 
 def all_targets():
     targets = []
     targets += gradient_stats_targets()
     targets += claims_targets()
+    targets += regime_targets()
     for table in REG.tables:
         targets += [str(paths.table(table, ext)) for ext in ("md", "tex", "csv")]
     targets += [str(paths.figure(name, ext)) for name in config["figures"] for ext in ("png", "pdf")]

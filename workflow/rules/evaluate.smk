@@ -1,6 +1,7 @@
 # Recall@K of one run on one benchmark: best epoch (from the per-epoch record) and last epoch
-# (re-encoded from the final weights and checked against the training record). The zero-shot
-# pseudo-run evaluates the initial backbone as released.
+# (re-encoded from the final weights and checked against the training record). A transfer benchmark
+# (not evaluated while training) encodes the checkpoint selected on the run's own benchmark
+# (model_selected.pt) as its best. The zero-shot pseudo-run evaluates the initial backbone as released.
 
 
 rule evaluate:

@@ -8,6 +8,7 @@ rule train:
         unpack(train_inputs),
     output:
         model="results/runs/{run}/model.pt",
+        model_selected="results/runs/{run}/model_selected.pt",  # the epoch selected on its own benchmark
         record="results/runs/{run}/train.json",
         steps="results/runs/{run}/steps.jsonl",
     params:
@@ -17,6 +18,8 @@ rule train:
         evaluation=canonical_json(config["evaluation"]),
         grad_probe_every=lambda w: REG.probe_every(w.run),
         grad_probe_precision=EXECUTION.get("grad_probe_precision", "fp32"),
+        # the released code's cost-only steps (GOAL's double forward): what its timing record measures
+        released_costs=lambda w: canonical_json(REG.released_costs(w.run)),
     log:
         "logs/train/{run}.log",
     benchmark:

@@ -17,3 +17,7 @@ DEFAULT_ADAPTER = {"r": 16, "alpha": 32, "dropout": 0.0, "target": "both"}
 
 # Fig. 6 draws the strongest machinery baseline at 100 % data from this table's cells.
 STRONGEST_BASELINE_TABLE = "table1"
+
+# Protocol settings of a baseline that cost time and change no weight (tested bit-for-bit in
+# tests/test_goal_loss.py): not part of a run's identity; paid where a timing table measures the run.
+COST_ONLY_SETTINGS = {"goal": ("double_forward", "anomaly_detection")}

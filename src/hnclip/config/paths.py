@@ -46,8 +46,18 @@ def run_model(run_id: str) -> Path:
     return run_dir(run_id) / "model.pt"
 
 
+def run_selected_model(run_id: str) -> Path:
+    """The weights of the epoch selected on the run's own training benchmark (its transfer cells)."""
+    return run_dir(run_id) / "model_selected.pt"
+
+
 def run_record(run_id: str) -> Path:
     return run_dir(run_id) / "train.json"
+
+
+def run_steps(run_id: str) -> Path:
+    """The run's step log: one line per optimizer step (loss terms, saturation shares, lr)."""
+    return run_dir(run_id) / "steps.jsonl"
 
 
 def checkpoint_dir(run_id: str) -> Path:
@@ -60,6 +70,11 @@ def evaluation(run_id: str, benchmark: str) -> Path:
 
 def stats(benchmark: str) -> Path:
     return RESULTS / "stats" / f"{benchmark}.json"
+
+
+def regime_report(ext: str) -> Path:
+    """The regime preconditions report (json: values, verdicts, provenance; md: the same as a table)."""
+    return RESULTS / "stats" / f"regime.{ext}"
 
 
 def table(name: str, ext: str) -> Path:

@@ -16,14 +16,19 @@ from hnclip.config.constants import (
     ADAPTER_FRAMEWORKS,
     AUXILIARY_INPUTS,
     BASELINE_FRAMEWORKS,
+    COST_ONLY_SETTINGS,
     DEFAULT_ADAPTER,
     RUNNABLE_FRAMEWORKS,
+    TRAINED_FRAMEWORKS,
 )
 from hnclip.config.params import ParamsError, validate_params
 from hnclip.errors import UnknownNameError
 from hnclip.provenance.hashing import canonical_json, json_sha256
 
 OBJECTIVE_KEYS = ("framework", "gamma", "lambda_tok", "margin")
+# Optional objective keys (Table X1's controls): part of a run's identity only when set to a value other
+# than their default, so every run that does not use them keeps its id.
+OPTIONAL_OBJECTIVE_KEYS = {"margin_control": "none"}
 # Frameworks this pipeline trains. `none` is evaluated as released (zero-shot); the machinery
 # baselines (finelip, goal, structxlip) keep their table rows, marked not implemented yet.
 ZEROSHOT = "none"
@@ -82,6 +87,16 @@ def method_recipe(recipe: dict, method: dict) -> dict:
     return recipe
 
 
+def _check_trained_only(where: str, method: dict) -> None:
+    """Table X1's controls (a margin control, one softmax over the accumulation group) are options of
+    the HN-CLIP objective's trainer: a baseline framework would silently ignore them."""
+    options = [key for key, default in OPTIONAL_OBJECTIVE_KEYS.items() if method.get(key, default) != default]
+    options += ["recipe.exact_batch"] if method.get("recipe", {}).get("exact_batch") else []
+    if options and method["framework"] not in TRAINED_FRAMEWORKS:
+        raise ParamsError(f"params.yaml: {where}: {', '.join(options)} is available for the frameworks "
+                          f"{list(TRAINED_FRAMEWORKS)} only, not {method['framework']!r}")
+
+
 def pretrain_dataset(pretrain: dict) -> dict:
     """The synthetic corpus a backbone is pretrained on, as a dataset realisation."""
     return {"kind": "synthetic", "variant": pretrain["variant"], "sizes": pretrain["sizes"],
@@ -104,8 +119,10 @@ def make_run_id(spec: dict) -> tuple[str, str]:
     digest = json_sha256(spec)
     obj = spec["objective"]
     prefix = "" if obj["framework"] == "full" else f"{obj['framework']}-"
+    margin = obj["margin"] + (f"-{obj['margin_control']}" if "margin_control" in obj else "")
+    batch = "-exact" if spec["recipe"].get("exact_batch") else ""  # one softmax over the accumulation group
     readable = (f"{spec['train_set']}-{prefix}g{_fmt(obj['gamma'])}-tok{_fmt(obj['lambda_tok'])}"
-                f"-{obj['margin']}-f{_fmt(spec['fraction'])}-s{spec['seed']}")
+                f"-{margin}{batch}-f{_fmt(spec['fraction'])}-s{spec['seed']}")
     return f"{readable}-{digest[:8]}", digest
 
 
@@ -122,9 +139,21 @@ class Registry:
         self.profile = profiles[self.profile_name]
         self._check_references()
         self._runs: dict[str, RunSpec] = {}
-        # Tables marked `optional` are planned only with `optional_tables: true` (a config switch).
-        self._cells: dict[str, list[Cell]] = {name: self._expand_table(name) for name, table in params["tables"].items()
-                                              if not table.get("optional") or params.get("optional_tables")}
+        self._costs: dict[str, dict] = {}   # run id -> its method's cost-only settings (COST_ONLY_SETTINGS)
+        # Tables marked `optional` are planned only where asked for (`is_planned`).
+        self._cells: dict[str, list[Cell]] = {name: self._expand_table(name) for name in params["tables"]
+                                              if self.is_planned(name)}
+
+    def is_planned(self, table: str) -> bool:
+        """Whether this profile plans a table of `tables`: every table not marked `optional`; an optional
+        one when the profile's own `optional_tables` lists it (the embedded profiles plan Table X1's
+        controls) or the `optional_tables` switch asks for it (`true`: every optional table; a list:
+        those, e.g. `--config 'optional_tables=[tableX1]'`)."""
+        if not self.params["tables"][table].get("optional"):
+            return True
+        switch = self.params.get("optional_tables", False)
+        return switch is True or table in self.profile.get("optional_tables", []) or \
+            (isinstance(switch, list) and table in switch)
 
     # ---- validation of cross-references (the schema cannot see them) -------------------------
     def _check_references(self) -> None:
@@ -161,6 +190,26 @@ class Registry:
                 raise ParamsError(f"params.yaml: methods.{mname}.settings: unknown key(s) {sorted(unknown)} for the "
                                   f"{method['framework']} framework; allowed keys: "
                                   f"{sorted(p['frameworks'].get(method['framework'], {}))}")
+        for mname, method in p["methods"].items():
+            _check_trained_only(f"methods.{mname}", method)
+        optional = sorted(name for name, table in p["tables"].items() if table.get("optional"))
+        switch = p.get("optional_tables")
+        # A profile may name a table a trimmed params file leaves out; the switch must name optional tables.
+        for where, wrong in ((f"profiles.{self.profile_name}.optional_tables",
+                              set(prof.get("optional_tables", [])) & (set(p["tables"]) - set(optional))),
+                             ("optional_tables", set(switch if isinstance(switch, list) else []) - set(optional))):
+            if wrong:
+                raise ParamsError(f"params.yaml: {where}: {sorted(wrong)} are not optional tables; "
+                                  f"allowed values: {optional}")
+        for tname, table in p["tables"].items():
+            keys = [row["key"] for row in table.get("rows", [])]
+            if set(table.get("probe_rows", [])) - set(keys):
+                raise ParamsError(f"params.yaml: tables.{tname}.probe_rows: "
+                                  f"{sorted(set(table['probe_rows']) - set(keys))} are not rows of the table; "
+                                  f"allowed values: {keys}")
+        for tname, table in p["tables"].items():
+            for i, row in enumerate(table.get("rows", [])):
+                _check_trained_only(f"tables.{tname}.rows.{i}", {**p["methods"][row["method"]], **row.get("set", {})})
         for tname, table in p["derived_tables"].items():
             if tname in p["tables"]:
                 raise ParamsError(f"params.yaml: derived_tables.{tname}: the name is also a table of `tables`")
@@ -208,9 +257,17 @@ class Registry:
 
     @functools.cached_property
     def _probed_runs(self) -> set[str]:
-        """Runs the gradient-dynamics figures draw (the only readers of the gradient probe)."""
-        return {c.run_id for figure in self.params.get("figures", {}).values()
-                if figure["kind"] in GRADIENT_FIGURE_KINDS for c in self.figure_cells(figure)}
+        """Runs the gradient-dynamics figures draw and the runs of a table's `probe_rows` (Table X1's
+        exact-zero gradients, fp32 vs bf16): the readers of the gradient probe."""
+        drawn = {c.run_id for figure in self.params.get("figures", {}).values()
+                 if figure["kind"] in GRADIENT_FIGURE_KINDS for c in self.figure_cells(figure)}
+        return drawn | {c.run_id for name in self.tables for c in self.probe_cells(name)}
+
+    def probe_cells(self, table: str) -> list[Cell]:
+        """The implemented cells of a table's `probe_rows` (whose runs' probe logs it reports), one per run."""
+        rows = self.params["tables"][table].get("probe_rows", [])
+        cells = {c.run_id: c for c in self.cells(table) if c.row in rows and c.run_id}
+        return list(cells.values())
 
     def probe_every(self, run_id: str) -> int:
         """Optimizer steps between gradient probes of a run (0: not probed). `grad_probe_runs:
@@ -221,6 +278,34 @@ class Registry:
         if execution.get("grad_probe_runs", "figures") == "all":
             return every
         return every if run_id in self._probed_runs else 0
+
+    def timed_runs(self, table: str | None = None) -> dict[str, str | None]:
+        """A timing table's rows -> the planned run (on its training set, first seed) whose training
+        record gives its time; None for frameworks not implemented and for runs no table asks for. An
+        `optional` row is listed only when an optional table the profile plans trains its run."""
+        spec = self.params["derived_tables"][table or self.derived_table("timing")]
+        out = {}
+        for row in spec["rows"]:
+            recipe = self.params["methods"][row["method"]]
+            run_id = None
+            if recipe["framework"] in RUNNABLE_FRAMEWORKS:
+                run = self.run_spec(spec["train"], recipe, self.profile["seeds"][0], register=False)
+                run_id = run.run_id if run.run_id in self._runs else None
+            if run_id or not row.get("optional"):
+                out[row["key"]] = run_id
+        return out
+
+    def released_costs(self, run_id: str) -> dict[str, bool]:
+        """The cost-only steps of a baseline's released code (GOAL: a second forward of both towers,
+        autograd anomaly detection) that this run executes. They change no weight, only time, so they
+        are not part of the run's identity: with `execution.released_costs: timed` (the default) only
+        the runs the timing table (A3) measures pay them, as the paper's official runs did; `all`: every
+        run of a method that asks for them."""
+        costs = self._costs.get(run_id, {})
+        if self.profile["execution"].get("released_costs", "timed") == "all":
+            return dict(costs)
+        timed = run_id in self.timed_runs().values()
+        return {key: bool(value) and timed for key, value in costs.items()}
 
     # ---- expansion -----------------------------------------------------------------------------
     def dataset_spec(self, role: str) -> dict:
@@ -254,9 +339,15 @@ class Registry:
             "objective": {key: objective[key] for key in OBJECTIVE_KEYS},
             "recipe": method_recipe(self.profile["recipe"], objective),
         }
+        if objective["gamma"] > 0:  # at gamma 0 there is no margin to control: the run is InfoNCE's
+            spec["objective"].update({key: objective[key] for key, default in OPTIONAL_OBJECTIVE_KEYS.items()
+                                      if objective.get(key, default) != default})
         framework = objective["framework"]
+        costs = {}
         if framework in BASELINE_FRAMEWORKS:  # its protocol settings and the auxiliary inputs it reads
-            spec["objective"]["settings"] = {**self.params["frameworks"][framework], **objective.get("settings", {})}
+            settings = {**self.params["frameworks"][framework], **objective.get("settings", {})}
+            costs = {key: settings.pop(key) for key in COST_ONLY_SETTINGS.get(framework, ()) if key in settings}
+            spec["objective"]["settings"] = settings
             aux = self.profile.get("auxiliary", {})
             spec["auxiliary"] = {name: aux.get(name) for name in AUXILIARY_INPUTS.get(framework, ())}
         spec["objective"]["gamma"] = float(spec["objective"]["gamma"])
@@ -264,6 +355,7 @@ class Registry:
         run_id, digest = make_run_id(spec)
         if not register:
             return self._runs.get(run_id, RunSpec(run_id, spec, digest))
+        self._costs.setdefault(run_id, costs)
         return self._runs.setdefault(run_id, RunSpec(run_id, spec, digest))
 
     def zeroshot_id(self) -> str:

@@ -131,6 +131,18 @@ class Sample:
     short_caption: str | None
 
 
+# A generated row's id is "<variant>-<scene split>-f<family>-m<member>" (generate_split): siblings
+# share everything before "-m", so a manifest carries each row's family in its id.
+SAMPLE_ID = re.compile(r"(?P<family>[^-]+-[^-]+-f\d+)-m\d+")
+
+
+def family_of(sample_id: str) -> str | None:
+    """The family of a generated row (its id up to the member suffix), or None for an id this
+    generator did not write (real data has no families)."""
+    match = SAMPLE_ID.fullmatch(sample_id)
+    return match.group("family") if match else None
+
+
 def scene_differences(a: Scene, b: Scene) -> list[tuple[int, str]]:
     """(object index, attribute) pairs where two scenes with the same object count differ."""
     if len(a.objects) != len(b.objects):

@@ -2,7 +2,7 @@
 `evaluation.selection_metric`, or `last`)."""
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 
 def mean_r1(metrics: dict) -> float:
@@ -28,3 +28,10 @@ def select_epochs(history: list[dict], benchmark: str, metric: str = "mean_r1") 
     last_epoch, last = scored[-1]
     return {"best": {"epoch": best_epoch, "metrics": best}, "last": {"epoch": last_epoch, "metrics": last},
             "metric": metric, "per_epoch": [{"epoch": e, "metrics": m} for e, m in scored]}
+
+
+def own_benchmark(in_domain: Sequence[str]) -> str | None:
+    """The benchmark a run's shipped checkpoint is selected on (by `select_epochs`), which its
+    transfer cells use: the first of its in-domain benchmarks in params.yaml's order (DCI, not
+    Long-DCI, for a DCI run); None for a run evaluated on none."""
+    return in_domain[0] if in_domain else None

@@ -1,11 +1,14 @@
 """Training objectives in open_clip's ClipLoss style: global InfoNCE / HN margins, the FILIP
 token-level term, and exact large-batch (GradCache) computation of either global loss."""
 from hnclip.losses.contrastive import (
+           MARGIN_CONTROLS,
            ContrastiveLoss,
            HNClipLoss,
+           constant_margins,
            hn_loss,
            infonce_loss,
            margin_matrix,
+           shuffled_margins,
 )
 from hnclip.losses.gradcache import GradCache, gradcache_backward, split_micro_batches
 from hnclip.losses.token import (
@@ -14,6 +17,7 @@ from hnclip.losses.token import (
            token_alignment_loss,
 )
 
-__all__ = ["ContrastiveLoss", "HNClipLoss", "hn_loss", "infonce_loss", "margin_matrix",
+__all__ = ["ContrastiveLoss", "HNClipLoss", "hn_loss", "infonce_loss", "margin_matrix", "MARGIN_CONTROLS",
+           "constant_margins", "shuffled_margins",
            "TokenAlignmentLoss", "late_interaction_similarities", "token_alignment_loss",
            "GradCache", "gradcache_backward", "split_micro_batches"]

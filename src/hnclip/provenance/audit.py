@@ -4,10 +4,11 @@ Re-hashes every input and output a record names (dataset, training, backbone, ev
 and table records) and every downloaded file against its `.complete` marker: loads trust a marker
 whose size and mtime still match (the 1.7 GB Long-CLIP checkpoint is not re-hashed per load), so
 the audit is where a file changed behind its marker's back is caught. Checks the numbers each
-record copied from another (table cells from evaluations, evaluations from the training history),
-compares each run's and table's params with the current params.yaml (params changed without
-rerun), and asks DVC whether its lock still holds. Every failed claim is one `Mismatch`;
-`main_audit` prints them, or a summary when there are none.
+record copied from another (table cells from evaluations, evaluations from the training history,
+a transfer cell's checkpoint from the one its run selected), compares each run's and table's
+params with the current params.yaml (params changed without rerun), and asks DVC whether its lock
+still holds. Every failed claim is one `Mismatch`; `main_audit` prints them, or a summary when
+there are none.
 """
 from __future__ import annotations
 
@@ -285,6 +286,12 @@ def _check_evaluation(auditor: _Auditor, artifact: str, record: dict) -> None:
         return  # zero-shot (no training), or a missing/broken record reported on its own
     history = {h["epoch"]: h for h in train_record.get("history", [])}
     benchmark = record.get("benchmark")
+    best = record.get("best") or {}
+    if best.get("checkpoint") == "model_selected":  # a transfer cell: the checkpoint its run selected
+        selected = train_record.get("selected_checkpoint") or {}
+        auditor.value_claim(artifact, artifact, [selected.get("epoch"), selected.get("weights_sha256")],
+                            [best.get("epoch"), best.get("weights_sha256")],
+                            f"best is not the checkpoint {train_path} selected (epoch {selected.get('epoch')})")
     chosen = [("best", record.get("best"))] + [(f"per_epoch {e.get('epoch')}", e) for e in record.get("per_epoch", [])]
     for label, entry in chosen:
         epoch = (entry or {}).get("epoch")

@@ -1,8 +1,9 @@
 """Lineage of one table cell, from the number back to the raw data and the initial weights.
 
-    table (+ provenance.json) -> per-seed value -> evaluation record -> checkpoint (model.pt, selected
-    epoch) -> training run (RunSpec, spec hash) -> train/test manifests -> dataset record -> raw data
-    (synthetic generator fingerprint, or source sha256s + download markers) ; initial weights ->
+    table (+ provenance.json) -> per-seed value -> evaluation record -> checkpoint (model.pt, or a
+    transfer cell's model_selected.pt; selected epoch) -> training run (RunSpec, spec hash) ->
+    train/test manifests -> dataset record -> raw data (synthetic generator fingerprint, or source
+    sha256s + download markers) ; initial weights ->
     the backbone's own training run (one level)
 
 Every step is a node {"step", "path", "sha256", "verified", "git", "params", "facts", "inputs"}:
@@ -208,32 +209,34 @@ def _evaluation_node(root: Path, path: str, recorded: str | None, selection: str
              "selected_epoch": chosen.get("epoch"), "selected_weights_sha256": chosen.get("weights_sha256"),
              "consistent_with_training": evaluation.get("consistent_with_training"),
              "created": prov.get("created")}
-    weights = _evaluated_weights_node(root, inputs, chosen.get("epoch"))
+    weights = _evaluated_weights_node(root, inputs, chosen)
     test = _manifest_node(root, "test manifest", inputs["test_manifest"])
     return _node("evaluation", root, path, recorded, record=prov, params=prov.get("params"), facts=facts,
                  inputs=[weights, test])
 
 
-def _evaluated_weights_node(root: Path, inputs: dict, epoch: int | None) -> dict:
+def _evaluated_weights_node(root: Path, inputs: dict, chosen: dict) -> dict:
     """A trained run's checkpoint (and its run), or for the zero-shot pseudo-run the initial weights."""
     if "train_record" not in inputs:
         return _init_node(root, inputs["init_weights"], {"init": {"kind": "as released (zero-shot)"}},
                           follow_init=True)
     train_record = read_json(resolve(root, inputs["train_record"]["path"]))
-    checkpoint = _checkpoint_node(root, inputs["model"], train_record, epoch)
+    # the file the selected entry was encoded from (a transfer cell: model_selected); else model.pt
+    name = chosen.get("checkpoint", "model")
+    checkpoint = _checkpoint_node(root, name, inputs[name], train_record, chosen)
     checkpoint["inputs"].append(_run_node(root, inputs["train_record"], train_record, follow_init=True))
     return checkpoint
 
 
-def _checkpoint_node(root: Path, model: dict, train_record: dict, epoch: int | None) -> dict:
+def _checkpoint_node(root: Path, name: str, model: dict, train_record: dict, chosen: dict) -> dict:
     weights = {h["epoch"]: h.get("weights_sha256") for h in train_record.get("history", [])}
-    run_id = train_record.get("run_id")
-    facts = {"selected_epoch": epoch,
+    run_id, epoch = train_record.get("run_id"), chosen.get("epoch")
+    facts = {"checkpoint": name, "selected_epoch": epoch, "selected_on": chosen.get("selected_on"),
              # weights_sha256 hashes the state dict's tensors (provenance.hashing.weights_digest), not a file
              "selected_epoch_weights_sha256": weights.get(epoch),
              "final_epoch": max(weights) if weights else None,
              "final_weights_sha256": train_record.get("final_weights_sha256"),
-             "training_record_model_sha256": train_record.get("outputs", {}).get("model", {}).get("sha256")}
+             "training_record_model_sha256": train_record.get("outputs", {}).get(name, {}).get("sha256")}
     kept = root / ".cache" / "checkpoints" / str(run_id) / f"epoch_{epoch or 0:02d}.pt"
     if epoch and kept.is_file():  # keep_epoch_weights: the selected epoch's own file
         facts["selected_epoch_file"] = {"path": _relative(root, kept), "sha256": file_sha256(kept)}

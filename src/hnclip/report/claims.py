@@ -136,6 +136,9 @@ class PaperSource:
         self.evidence: list[tuple[str, str]] = []
 
     def _table(self, table: str) -> PaperCells:
+        from hnclip.report.paper_reference import table_names
+        if table not in table_names():  # e.g. Table X1: a control beyond the paper
+            raise CellUnavailable("the paper prints no values of this table", table)
         return self._tables.setdefault(table, PaperCells(table))
 
     def has(self, table: str, row: str, part: tuple[str, str, str]) -> bool:

@@ -3,8 +3,9 @@ with its 95 % interval, and whether their signs agree; and every reproduced cell
 
 Which contrasts a table carries is data (the `contrasts` section of claims.yaml): every gamma against
 gamma 0, each framework + L_HN against the framework, HN-CLIP against each baseline and against the
-column-wise strongest one, recomputed against frozen G, a second seed against the first, and 20 %
-HN-CLIP against the strongest baseline trained on all the data (another table). A contrast is taken
+column-wise strongest one, recomputed against frozen G, a second seed against the first, 20 %
+HN-CLIP against the strongest baseline trained on all the data (another table), and named pairs of
+rows (Table X1's controls). A contrast is taken
 per column (benchmark, direction, Recall@K), per benchmark on mean R@1 over the two directions (the
 paper's "average R@1"), and on the table's Avg (mean of its R@1 cells) where the table has one.
 
@@ -241,6 +242,7 @@ def contrasts_of(spec: dict, rows: list[str]) -> list[Contrast]:
         for row in rows:
             methods.setdefault(row.split(spec["seeds"])[0], []).append(row)
         out += [Contrast(later, (members[0],)) for members in methods.values() for later in members[1:]]
+    out += [Contrast(a, (b,)) for a, b in spec.get("versus", []) if a in rows and b in rows]
     out += [Contrast(item["a"], tuple(item["b"]), item["table"]) for item in spec.get("versus_table", [])
             if item["a"] in rows]
     return out

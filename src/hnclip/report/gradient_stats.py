@@ -136,6 +136,28 @@ def measurement_summary(records: list[dict], threshold: float) -> dict:
     }
 
 
+# Where "the gradient reaches exact zero in fp32" can come from (Table X1), each a share of the probed
+# batches: the fp32 loss itself is 0; the gradient's norm computed in fp32 is 0 (squares underflow
+# below ~1e-22 per entry); every fp32 gradient entry is 0; every gradient entry is 0 when the forward and
+# the loss run under bf16 autocast. Probe rows that predate a measurement do not count for it.
+EXACT_ZERO_MEASURES = {
+    "zero_loss_fp32": lambda r: None if r.get("clip_loss") is None else r["clip_loss"] == 0.0,
+    "zero_norm_fp32": lambda r: None if r.get("clip_grad_norm_fp32") is None else r["clip_grad_norm_fp32"] == 0.0,
+    "zero_grad_fp32": lambda r: r.get("clip_grad_exactly_zero"),
+    "zero_grad_bf16": lambda r: r.get("clip_bf16_grad_exactly_zero"),
+}
+
+
+def exact_zero_shares(records: list[dict]) -> dict:
+    """{measure: (share of the probe rows that measured it, how many did)} for EXACT_ZERO_MEASURES;
+    the share is None where no row measured it."""
+    out = {}
+    for name, flag in EXACT_ZERO_MEASURES.items():
+        flags = [f for f in map(flag, records) if f is not None]
+        out[name] = (share(flags), len(flags))
+    return out
+
+
 def retrieval_error(history: list[dict], initial: dict | None, benchmark: str) -> dict:
     """Held-out retrieval error (100 - R@1, %) per epoch and direction on one benchmark; epoch 0 is
     the initial backbone. `first`/`last` are epochs 1 and E; `monotone` says whether the error

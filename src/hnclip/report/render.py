@@ -17,6 +17,7 @@ _LATEX = {
     "|": r"$|$", "<": r"$<$", ">": r"$>$",  # the default OT1 font prints other glyphs for these
     "±": r"$\pm$", "→": r"$\to$", "Δ": r"$\Delta$", "γ": r"$\gamma$", "λ": r"$\lambda$",
     "≈": r"$\approx$", "≥": r"$\geq$", "≤": r"$\leq$", "×": r"$\times$", "−": "-", "–": "--", "—": "---",
+    "∇": r"$\nabla$", "‖": r"$\|$", "≡": r"$\equiv$",
 }
 _LATEX_TABLE = str.maketrans(_LATEX)
 # Choosing a table's page: A4 with 2 cm margins sets 481 pt of text (portrait). A tabular's width is

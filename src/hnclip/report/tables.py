@@ -11,8 +11,10 @@ import pandas as pd
 
 from hnclip.config import paths
 from hnclip.config.registry import NOT_IMPLEMENTED, Registry
-from hnclip.io import read_json
+from hnclip.errors import StaleArtifactError
+from hnclip.io import read_json, read_jsonl
 from hnclip.report import paper_reference
+from hnclip.report.gradient_stats import exact_zero_shares, probe_log
 from hnclip.report.render import Band, Block, Cell, Column, latex_tabular, markdown_blocks
 
 DIRECTION_LABELS = {"t2i": "T→I", "i2t": "I→T"}
@@ -26,6 +28,14 @@ BEST_EPOCH = "best_epoch"
 # row and its partner row (`vs`) from their means over seeds.
 MEAN_R1, SELECTED_EPOCH = "mean_r1", "selected_epoch"
 MAX_ABS_DIFF_VS, MEAN_R1_DIFF_VS = "max_abs_diff_vs", "mean_r1_diff_vs"
+SELECTION_METRIC_LABELS = {"mean_r1": "mean R@1", "rsum": "rsum"}  # evaluation.selection_metric, as printed
+# A table's gradient-probe section (its `probe_rows`, Table X1): metric -> header, in print order.
+PROBE_COUNT = "probes"
+PROBE_HEADERS = {PROBE_COUNT: "probes", "zero_loss_fp32": "L_CLIP = 0 (fp32)",
+                 "zero_norm_fp32": "‖∇‖ = 0 (fp32 norm)", "zero_grad_fp32": "∇ ≡ 0 (fp32)",
+                 "zero_grad_bf16": "∇ ≡ 0 (bf16 autocast)"}
+PROBE_DIRECTION = "none"
+NOT_PROBED = "not probed"
 
 
 def column_key(benchmark: str, direction: str, metric: str) -> str:
@@ -214,7 +224,66 @@ def aggregate(reg: Registry, table: str, per_seed: pd.DataFrame) -> pd.DataFrame
     for source in ("ours_mean", "paper"):
         best = out.groupby("column")[source].transform("max")
         out[f"best_{source.split('_')[0]}"] = ranked & out[source].notna() & (out[source] == best)
-    return out
+    probes = probe_frame(reg, table)
+    return out if probes.empty else pd.concat([out, probes], ignore_index=True)
+
+
+def probe_frame(reg: Registry, table: str) -> pd.DataFrame:
+    """The gradient-probe section of a table with `probe_rows`: per probed run (one per training set),
+    how many batches were probed and the share (%) of them on which each exact-zero measure of
+    `EXACT_ZERO_MEASURES` holds; `n_probes` says how many rows measured it. Empty for other tables."""
+    spec, labels = reg.params["tables"][table], row_labels(reg, table)
+    rows = []
+    for cell in reg.probe_cells(table):
+        path = probe_log(cell.run_id)
+        records = read_jsonl(path) if path.is_file() else []
+        measured = {PROBE_COUNT: (float(len(records)), len(records))}
+        measured.update({name: (math.nan if value is None else 100 * value, count)
+                         for name, (value, count) in exact_zero_shares(records).items()})
+        for metric, (value, count) in measured.items():
+            rows.append({"table": table, "row": cell.row, "label": labels.get(cell.row, cell.row),
+                         "benchmark": cell.benchmark, "direction": PROBE_DIRECTION, "metric": metric,
+                         "ours_mean": value if records else math.nan, "ours_min": value if records else math.nan,
+                         "ours_max": value if records else math.nan, "ours_sd": 0.0, "n_seeds": 1 if records else 0,
+                         "status": "ok" if records else NOT_PROBED, "selection": spec["selection"],
+                         "column": column_key(cell.benchmark, PROBE_DIRECTION, metric), "paper": math.nan,
+                         "delta": math.nan, "best_ours": False, "best_paper": False, "run_id": cell.run_id,
+                         "n_probes": count})
+    return pd.DataFrame(rows)
+
+
+def _probe_band(reg: Registry, frame: pd.DataFrame) -> Band | None:
+    probes = frame[frame["direction"] == PROBE_DIRECTION] if "n_probes" in frame else frame.iloc[:0]
+    if probes.empty:
+        return None
+    names = {b: entry["label"] for b, entry in reg.params["benchmarks"].items()}
+    columns = [Column(header, ("% of probed batches",) if metric != PROBE_COUNT else ())
+               for metric, header in PROBE_HEADERS.items()]
+    rows = []
+    for (row, benchmark), group in probes.groupby(["row", "benchmark"], sort=False):
+        values = group.set_index("metric")
+        cells = []
+        for metric in PROBE_HEADERS:
+            entry = values.loc[metric] if metric in values.index else None
+            if entry is None or entry["status"] != "ok":
+                cells.append(Cell(NOT_PROBED if entry is not None else "–"))
+            elif math.isnan(entry["ours_mean"]):
+                cells.append(Cell("–"))
+            else:
+                digits = 0 if metric == PROBE_COUNT else 1
+                cells.append(Cell(f"{entry['ours_mean']:.{digits}f}"))
+        rows.append((f"{group['label'].iloc[0]}, {names.get(benchmark, benchmark)} run", cells))
+    return Band(columns, [Block(None, rows)])
+
+
+PROBE_NOTE = (
+    "The gradient probe measures L_CLIP on the batch being trained (the first micro-batch of each probed "
+    "optimizer step) four ways, on the same batches. L_CLIP = 0: the fp32 loss is exactly 0. ‖∇‖ = 0 (fp32 "
+    "norm): the norm of the fp32 gradient, computed in fp32 as a trainer's gradient clipping does, is exactly 0 "
+    "(squares underflow once every entry is below ~1e-22), whether or not the gradient is. ∇ ≡ 0: every entry "
+    "of the gradient w.r.t. the trained parameters is exactly 0.0, in fp32, and with the forward and the loss "
+    "under bf16 autocast (open_clip's training step: matmuls in bf16, softmax and cross-entropy in fp32). "
+    "The paper: \"its gradient reaches exact zero in fp32 in 47 % of measurements\" (Long-CLIP-L, DOCCI, Fig. 4).")
 
 
 # ---- layout: bands, grouped columns, blocks ------------------------------------------------------
@@ -325,6 +394,38 @@ class _Layout:
                 for i, benches in enumerate(groups)]
 
 
+def transfer_note(reg: Registry, table: str) -> str | None:
+    """Which weights a `best` table's transfer cells (a run tested off its in-domain benchmarks: A7,
+    A10's cross rows) show: the checkpoint selected on the run's own training benchmark, row by row
+    with its epoch, read from the evaluation records. None for a table without such cells."""
+    if reg.params["tables"][table]["selection"] != "best":
+        return None  # `last`: every cell, transfer or not, is the final epoch
+    labels, names = row_labels(reg, table), {b: entry["label"] for b, entry in reg.params["benchmarks"].items()}
+    chosen: dict[str, list[tuple[int, dict]]] = {}
+    for cell in reg.cells(table):
+        if cell.run_id and cell.train_set and cell.benchmark not in reg.eval_benchmarks(cell.train_set):
+            path = paths.evaluation(cell.run_id, cell.benchmark)
+            best = read_json(path)["best"]
+            if "selected_on" not in best:
+                raise StaleArtifactError(f"{path} was encoded from the last epoch's weights, not the checkpoint "
+                                         f"selected on the run's own benchmark: rerun `hnclip evaluate --run "
+                                         f"{cell.run_id} --benchmark {cell.benchmark}` (the workflow does)")
+            chosen.setdefault(cell.row, []).append((cell.seed, best))
+    if not chosen:
+        return None
+    metrics = sorted({best["selected_on"]["metric"] for entries in chosen.values() for _, best in entries})
+    rows = []
+    for row, entries in chosen.items():
+        entries.sort(key=lambda entry: entry[0])
+        trained_on = " / ".join(dict.fromkeys(names.get(b["selected_on"]["benchmark"]) for _, b in entries))
+        epochs = "/".join(str(best["epoch"]) for _, best in entries)
+        seeds = f" (seeds {'/'.join(str(seed) for seed, _ in entries)})" if len(entries) > 1 else ""
+        rows.append(f"{labels.get(row, row)}: epoch{'s' if len(entries) > 1 else ''} {epochs} on {trained_on}{seeds}")
+    return (f"Transfer cells: the checkpoint selected on the run's own training benchmark by "
+            f"{' / '.join(SELECTION_METRIC_LABELS.get(m, m) for m in metrics)} (the model the method would ship, "
+            f"not the best epoch on the transfer benchmark): {'; '.join(rows)}.")
+
+
 def _seed_text(seeds: list[int], spread: str) -> str:
     if len(seeds) == 1:
         return f"seed {seeds[0]}"
@@ -344,6 +445,9 @@ def to_markdown(reg: Registry, table: str, frame: pd.DataFrame) -> str:
     spec = reg.params["tables"][table]
     out = [f"# {spec['title']}", "",
            f"Profile `{reg.profile_name}`; epoch selection: **{spec['selection']}**; best per column in bold.", ""]
+    note = transfer_note(reg, table)
+    if note:
+        out += [note, ""]
     if (frame["status"] != "ok").any():
         out += [f"n/i: {NOT_IMPLEMENTED} (the baseline's own framework is a later issue); its paper values are "
                 "shown.", ""]
@@ -352,7 +456,12 @@ def to_markdown(reg: Registry, table: str, frame: pd.DataFrame) -> str:
                 "> a different scale from the paper. Compare directions of effect, not absolute values.", ""]
     layout = _Layout(reg, table, frame, markdown=True)
     band, = layout.bands(_titles(reg, table, markdown=True), banded=False)
-    return "\n".join(out + markdown_blocks(layout.stub(), band))
+    out += markdown_blocks(layout.stub(), band)
+    probes = _probe_band(reg, frame)
+    if probes is not None:
+        out += ["## Exact-zero L_CLIP gradients: fp32 vs bf16 autocast (gradient probe)", "", PROBE_NOTE, ""]
+        out += markdown_blocks("Run", probes)
+    return "\n".join(out)
 
 
 def to_latex(reg: Registry, table: str, frame: pd.DataFrame) -> str:
@@ -363,8 +472,25 @@ def to_latex(reg: Registry, table: str, frame: pd.DataFrame) -> str:
     bands = layout.bands(_titles(reg, table, markdown=False), banded=True)
     out = [f"% {spec['title']} -- generated by hnclip; profile {reg.profile_name}, {spec['selection']} epoch",
            "% rows: params.yaml method labels; spread over seeds: see the .md and .csv"]
-    return "\n".join(out + latex_tabular(layout.stub(), bands)) + "\n"
+    note = transfer_note(reg, table)
+    if note:
+        out.append(f"% {note}")
+    out += latex_tabular(layout.stub(), bands)
+    probes = _probe_band(reg, frame)
+    if probes is not None:  # a second tabular under the first: exact-zero L_CLIP gradients (see the .md)
+        out += [r"\par\medskip", *latex_tabular("Run", [probes])[1:]]
+    return "\n".join(out) + "\n"
 
 
 def eval_inputs(reg: Registry, table: str) -> dict[str, Path]:
-    return {f"{c.run_id}/{c.benchmark}": paths.evaluation(c.run_id, c.benchmark) for c in reg.cells(table) if c.run_id}
+    """The files a table reads: its cells' evaluation records and its probed runs' probe logs."""
+    inputs = {f"{c.run_id}/{c.benchmark}": paths.evaluation(c.run_id, c.benchmark) for c in reg.cells(table)
+              if c.run_id}
+    inputs.update({f"probe:{c.run_id}": probe_log(c.run_id) for c in reg.probe_cells(table)
+                   if probe_log(c.run_id).is_file()})
+    return inputs
+
+
+def probe_inputs(reg: Registry, table: str) -> list[Path]:
+    """The training records of the runs whose probe logs a table reports (their jobs write the logs)."""
+    return [paths.run_record(c.run_id) for c in reg.probe_cells(table)]

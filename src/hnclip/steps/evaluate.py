@@ -6,11 +6,15 @@ checks that the saved model.pt holds exactly the last epoch's weights. This job 
 selects from the training record, after checking that model.pt is still the file the record
 names and that the record was evaluated with today's evaluation settings: no model is loaded.
 Encoding happens only where nothing was recorded: the zero-shot pseudo-run (the initial backbone
-as released) and transfer benchmarks a run was not evaluated on while training.
+as released) and transfer benchmarks a run was not evaluated on while training. A transfer cell's
+`best` is the checkpoint selected on the run's own training benchmark (model_selected.pt: the
+model the method would ship, never chosen by its score on the transfer benchmark), its `last` the
+final weights; each entry names the checkpoint input it was encoded from.
 """
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from hnclip import provenance
 from hnclip.config import paths
@@ -68,8 +72,12 @@ def evaluate_run(reg, run_id: str, benchmark: str):
         spec_hash = None
     else:
         record = _checked_train_record(reg, run_id)
-        selected = _select(reg, record, benchmark)
         inputs = {"model": paths.run_model(run_id), "test_manifest": manifest, "train_record": paths.run_record(run_id)}
+        if any(benchmark in h.get("eval", {}) for h in record["history"]):
+            selected = _select(reg, record, benchmark)
+        else:  # a transfer benchmark: not evaluated every epoch, so the weights are encoded
+            inputs["model_selected"] = _checked_selected_model(record, run_id)
+            selected = _transfer(reg, record, manifest)
         spec_hash = record.get("spec_hash")
     result = {"run_id": run_id, "benchmark": benchmark, **selected}
     result["provenance"] = provenance.record("evaluate", inputs=inputs, spec_hash=spec_hash,
@@ -80,19 +88,42 @@ def evaluate_run(reg, run_id: str, benchmark: str):
     return out
 
 
+def _checked_selected_model(record: dict, run_id: str) -> Path:
+    """model_selected.pt, checked to be the file its training record names."""
+    path, entry = paths.run_selected_model(run_id), record["outputs"].get("model_selected")
+    if entry is None:
+        raise StaleArtifactError(f"{paths.run_record(run_id)} names no selected checkpoint (model_selected.pt): the "
+                                 f"run was trained before transfer cells used one; retrain {run_id}")
+    if not path.is_file() or provenance.file_sha256(path) != entry["sha256"]:
+        raise StaleArtifactError(f"{path} is missing or does not match the sha256 its training record gives: the "
+                                 f"selected checkpoint was replaced; retrain {run_id}")
+    return path
+
+
+def _transfer(reg, record: dict, manifest: Path) -> dict:
+    """Best (the checkpoint selected on the run's own training benchmark) and last (the final
+    weights) of a trained run on a benchmark it was not evaluated on while training."""
+    from hnclip.models.factory import load_weights
+    run_id, chosen, final = record["run_id"], record["selected_checkpoint"], record["history"][-1]
+    best = {"epoch": chosen["epoch"], "weights_sha256": chosen["weights_sha256"], "checkpoint": "model_selected",
+            "selected_on": {"benchmark": chosen["benchmark"], "metric": chosen["metric"]},
+            "metrics": _encode_and_score(reg, load_weights(paths.run_selected_model(run_id)), manifest)}
+    last = {"epoch": final["epoch"], "weights_sha256": final["weights_sha256"], "checkpoint": "model"}
+    if final["weights_sha256"] == best["weights_sha256"]:  # the same weights (training checked both files)
+        last["metrics"] = best["metrics"]
+    else:
+        last["metrics"] = _encode_and_score(reg, load_weights(paths.run_model(run_id)), manifest)
+    per_epoch = {entry["epoch"]: {"epoch": entry["epoch"], "metrics": entry["metrics"]} for entry in (best, last)}
+    return {"best": best, "last": last, "initial": None, "per_epoch": [per_epoch[e] for e in sorted(per_epoch)],
+            "consistent_with_training": None}
+
+
 def _select(reg, record: dict, benchmark: str) -> dict:
-    """Best / last / initial entries of a trained run on one benchmark."""
+    """Best / last / initial entries of a trained run on one of its in-domain benchmarks."""
     history = record["history"]
     final = history[-1]
     initial = record.get("initial_eval", {}).get(benchmark)
-    try:
-        chosen = select_epochs(history, benchmark, reg.params["evaluation"]["selection_metric"])
-    except KeyError:  # a transfer benchmark: not evaluated every epoch, so the final weights are encoded
-        from hnclip.models.factory import load_weights
-        metrics = _encode_and_score(reg, load_weights(paths.run_model(record["run_id"])), reg.test_manifest(benchmark))
-        last = {"epoch": final["epoch"], "metrics": metrics, "weights_sha256": final["weights_sha256"]}
-        return {"last": last, "initial": initial, "best": {**last, "note": "not evaluated every epoch; best = last"},
-                "per_epoch": [last], "consistent_with_training": None}
+    chosen = select_epochs(history, benchmark, reg.params["evaluation"]["selection_metric"])
     weights = {h["epoch"]: h["weights_sha256"] for h in history}
     return {"best": {**chosen["best"], "weights_sha256": weights[chosen["best"]["epoch"]]},
             "last": {**chosen["last"], "weights_sha256": final["weights_sha256"]},

@@ -16,6 +16,12 @@ def checkpoint_path(checkpoint_dir: Path) -> Path:
     return checkpoint_dir / "last.pt"
 
 
+def selected_weights_path(checkpoint_dir: Path, epoch: int) -> Path:
+    """The exported weights of the epoch selected so far on the run's own benchmark: kept in the
+    resume area, so a best epoch reached before an interruption survives it."""
+    return checkpoint_dir / f"selected_epoch_{epoch:02d}.pt"
+
+
 def save_checkpoint(checkpoint_dir: Path, spec_hash: str, trained: TrainedModel, optimizer, state: dict) -> None:
     """Full runs store the model; adapter runs only the adapters (the frozen base is re-loaded)."""
     payload = {"spec_hash": spec_hash, **trained.checkpoint_state(), "optimizer": optimizer.state_dict(),

@@ -31,11 +31,12 @@ from dataclasses import fields
 import torch
 
 from hnclip.models.towers import Encoded, encode_batch
-from hnclip.training.objective import Autocast, frozen_margin_features, group_terms
+from hnclip.training.objective import Autocast, MarginKey, frozen_margin_features, group_terms
 
 MicroBatch = tuple[torch.Tensor, torch.Tensor]  # (images, tokens), on the device
-# (encoded rows of one group, exponentiated logit scale, objective, frozen-G features or None) -> named terms
-GroupTerms = Callable[[Encoded, torch.Tensor, dict, torch.Tensor | None], dict[str, torch.Tensor]]
+# (encoded rows of one group, exponentiated logit scale, objective, frozen-G features or None) -> named terms;
+# given margin keys, the group's key comes as a fifth argument (`group_terms` takes it)
+GroupTerms = Callable[..., dict[str, torch.Tensor]]
 
 
 def micro_batches_per_forward(compute_batch: int, micro_batch: int) -> int:
@@ -53,32 +54,39 @@ def encoded_rows(encoded: Encoded, rows: slice) -> Encoded:
 
 def compute_batch_backward(model, batches: list[MicroBatch], objective: dict, frozen_text, autocast: Autocast,
                            check: Callable[[dict], None], compute_batch: int, micro_batch: int,
-                           terms: GroupTerms = group_terms) -> list[dict]:
+                           terms: GroupTerms = group_terms, margin_keys: list[MarginKey] | None = None) -> list[dict]:
     """Accumulate one accumulation group's gradient into .grad, encoding `compute_batch` pairs per
     forward; returns one record of float loss terms per micro-batch, in order. `check(record)` sees
     every record of a forward before its backward. `terms` computes one group's terms (frameworks
-    with their own in-batch losses pass theirs)."""
+    with their own in-batch losses pass theirs). `margin_keys`: each micro-batch's margin key (a
+    shuffled-G objective needs them)."""
     per_forward = micro_batches_per_forward(compute_batch, micro_batch)
+    keys = list(margin_keys) if margin_keys is not None else [None] * len(batches)
+    if len(keys) != len(batches):
+        raise ValueError(f"{len(keys)} margin keys for {len(batches)} micro-batches")
     records = []
     for start in range(0, len(batches), per_forward):
         chunk = batches[start:start + per_forward]
-        records += _forward_backward(model, chunk, len(batches), objective, frozen_text, autocast, check, terms)
+        records += _forward_backward(model, chunk, len(batches), objective, frozen_text, autocast, check, terms,
+                                     keys[start:start + per_forward])
     return records
 
 
 def _forward_backward(model, chunk: list[MicroBatch], group_size: int, objective: dict, frozen_text,
-                      autocast: Autocast, check: Callable[[dict], None], terms: GroupTerms) -> list[dict]:
+                      autocast: Autocast, check: Callable[[dict], None], terms: GroupTerms,
+                      margin_keys: list[MarginKey | None]) -> list[dict]:
     tokens = torch.cat([t for _, t in chunk])
     with autocast():
         encoded = encode_batch(model, torch.cat([i for i, _ in chunk]), tokens, with_tokens=objective["lambda_tok"] > 0)
         margin_features = frozen_margin_features(frozen_text, tokens, objective)
     scale = model.logit_scale.exp()
     group_losses, start = [], 0
-    for images, _ in chunk:
+    for (images, _), key in zip(chunk, margin_keys, strict=True):
         rows = slice(start, start + images.shape[0])
         start = rows.stop
         margin = None if margin_features is None else margin_features[rows]
-        group_losses.append(terms(encoded_rows(encoded, rows), scale, objective, margin))
+        keyed = () if key is None else (key,)
+        group_losses.append(terms(encoded_rows(encoded, rows), scale, objective, margin, *keyed))
     records = _as_floats(group_losses)
     for record in records:
         check(record)

@@ -20,6 +20,7 @@ from hnclip.losses import gradcache_backward
 from hnclip.models.towers import encode_batch
 from hnclip.training.objective import (
     Autocast,
+    MarginKey,
     contrastive_terms,
     frozen_margin_features,
     token_term,
@@ -45,12 +46,14 @@ def _group_margin_features(frozen_text, batches: list[MicroBatch], objective: di
     return None if parts[0] is None else torch.cat(parts)
 
 
-def _global_term_backward(model, batches, objective, frozen_text, autocast) -> dict[str, float]:
+def _global_term_backward(model, batches, objective, frozen_text, autocast,
+                          margin_key: MarginKey | None) -> dict[str, float]:
     margin_features = _group_margin_features(frozen_text, batches, objective, autocast)
     values: dict[str, float] = {}
 
     def loss_fn(image_features, text_features, logit_scale):
-        terms = contrastive_terms(image_features, text_features, logit_scale, objective, margin_features)
+        terms = contrastive_terms(image_features, text_features, logit_scale, objective, margin_features,
+                                  margin_key)
         values.update({name: float(term.detach()) for name, term in terms.items()})
         return terms[trained_term(objective)]
 
@@ -71,10 +74,12 @@ def _token_term_backward(model, batches, objective, autocast) -> float:
 
 
 def exact_batch_backward(model, batches: list[MicroBatch], objective: dict, frozen_text=None,
-                         autocast: Autocast = contextlib.nullcontext) -> dict[str, float]:
+                         autocast: Autocast = contextlib.nullcontext,
+                         margin_key: MarginKey | None = None) -> dict[str, float]:
     """Accumulate the group's gradient into .grad (zero it first) and return its loss record:
-    the global term(s) over the whole group, `tok` = mean per-micro-batch L_tok, and `total`."""
-    record = _global_term_backward(model, batches, objective, frozen_text, autocast)
+    the global term(s) over the whole group, `tok` = mean per-micro-batch L_tok, and `total`.
+    `margin_key`: the group's (its first micro-batch's) key, for a shuffled-G objective."""
+    record = _global_term_backward(model, batches, objective, frozen_text, autocast, margin_key)
     total = record[trained_term(objective)]
     if objective["lambda_tok"] > 0:
         record["tok"] = _token_term_backward(model, batches, objective, autocast)

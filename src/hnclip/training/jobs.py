@@ -9,6 +9,7 @@ from hnclip.config.registry import (
     pretrain_dataset,
     with_generator_digest,
 )
+from hnclip.evaluation.selection import own_benchmark
 
 
 def finetune_job(reg: Registry, run_id: str, stop_after_steps: int | None = None):
@@ -21,6 +22,7 @@ def finetune_job(reg: Registry, run_id: str, stop_after_steps: int | None = None
     data_root = reg.profile["data_root"]
     auxiliary = reg.auxiliary_inputs(run_id)
     execution = {**reg.profile["execution"], "grad_probe_every": reg.probe_every(run_id),
+                 "cost_only_steps": reg.released_costs(run_id),
                  "compute_batch": reg.profile["recipe"].get("compute_batch", reg.profile["recipe"]["micro_batch"])}
     return TrainJob(
         run_id=run_id, spec=run.spec, spec_hash=run.spec_hash,
@@ -28,6 +30,7 @@ def finetune_job(reg: Registry, run_id: str, stop_after_steps: int | None = None
         model_config=backbone["model_config"],
         train_manifest=reg.train_manifest(run.train_set),
         eval_manifests={b: reg.test_manifest(b) for b in reg.eval_benchmarks(run.train_set)},
+        selection_benchmark=own_benchmark(reg.eval_benchmarks(run.train_set)),
         out_dir=paths.run_dir(run_id), checkpoint_dir=paths.checkpoint_dir(run_id),
         execution=execution, evaluation=reg.params["evaluation"], stop_after_steps=stop_after_steps,
         eval_cache_dir=paths.EVAL_CACHE, auxiliary=auxiliary,

@@ -1,5 +1,6 @@
 """Fine-tuning loop: micro-batch contrastive steps, gradient accumulation, AdamW + cosine,
-evaluation after every epoch, resumable checkpoints, a step log and non-finite-loss guards.
+evaluation after every epoch, resumable checkpoints, a step log and non-finite-loss guards. The
+weights of the epoch selected on the run's own benchmark are kept as model_selected.pt (transfer cells).
 
 The contrastive softmax runs over one micro-batch (as in the paper: micro-batch 16, 8x
 accumulation = effective batch 128). Data order is a pure function of (seed, epoch), and the
@@ -20,6 +21,7 @@ import copy
 import functools
 import math
 import os
+import shutil
 import signal
 import sys
 import time
@@ -31,19 +33,20 @@ from tqdm import tqdm
 
 from hnclip import provenance
 from hnclip.data.loader import PairDataset, subset_indices
-from hnclip.errors import UserError
+from hnclip.errors import StaleArtifactError, UserError
 from hnclip.evaluation.retrieval import evaluate_model
-from hnclip.io import read_json, write_json, write_jsonl
+from hnclip.evaluation.selection import select_epochs
+from hnclip.io import atomic_path, read_json, write_json, write_jsonl
 from hnclip.models.factory import load_backbone, save_weights
 from hnclip.provenance.hashing import file_sha256, json_sha256, state_dict_digest, weights_digest
 from hnclip.runtime.device import AUTOCAST_DEVICE_TYPES, autocast_context
-from hnclip.training.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
+from hnclip.training.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint, selected_weights_path
 from hnclip.training.compute_batch import compute_batch_backward, fit_compute_batch
 from hnclip.training.distributed import Distributed, distributed_session
 from hnclip.training.exact_batch import exact_batch_backward
 from hnclip.training.frameworks import TrainedModel
 from hnclip.training.methods import Method, Position, build_method
-from hnclip.training.objective import TOKEN_LOSS_CHUNK, loss_terms  # noqa: F401 - part of this module's API
+from hnclip.training.objective import TOKEN_LOSS_CHUNK, loss_terms, with_run_seed  # noqa: F401 - part of this module's API
 from hnclip.training.probe import GradientProbe, probe_summary
 
 SATURATION_THRESHOLD = 1e-3
@@ -73,6 +76,8 @@ class TrainJob:
     extra_inputs: dict = field(default_factory=dict)
     auxiliary: dict = field(default_factory=dict)   # baseline inputs: GOAL segments, StructXLIP edges
     eval_cache_dir: Path | None = None   # where initial-weight evaluations are shared between runs (None: not)
+    # keep the weights of the epoch selected on this benchmark (model_selected.pt; None: keep none)
+    selection_benchmark: str | None = None
 
 
 # ---- pieces ------------------------------------------------------------------------------------
@@ -174,8 +179,8 @@ def _micro_batch_backward(model, method: Method, batches, positions, autocast, c
     return records
 
 
-def _exact_batch_backward(model, batches, objective, frozen_text, autocast, check) -> list[dict]:
-    record = exact_batch_backward(model, batches, objective, frozen_text, autocast)
+def _exact_batch_backward(model, batches, objective, frozen_text, autocast, check, margin_key=None) -> list[dict]:
+    record = exact_batch_backward(model, batches, objective, frozen_text, autocast, margin_key)
     check(record)  # after backward, but still before the optimizer step: no update is applied
     return [record]
 
@@ -186,6 +191,10 @@ def _step_record(step: int, epoch: int, lr: float, grad_norm: float, model, reco
             "logit_scale": float(model.logit_scale.detach().exp()),
             **{f"{k}_mean": sum(r[k] for r in records) / len(records) for k in records[0] if k in LOSS_TERMS},
             "saturated_frac": sum(r["infonce"] < SATURATION_THRESHOLD for r in records) / len(records),
+            # L_HN at or above the threshold still has a gradient while InfoNCE saturates (the regime report)
+            **({"hn_unsaturated_frac": sum(r["hn"] >= SATURATION_THRESHOLD for r in records) / len(records)}
+               if all("hn" in r for r in records) else {}),
+            "micro_batches": sum(r.get("micro_batches", 1) for r in records),  # an exact-batch record is a group
             "batch_mode": batch_mode, "contrastive_batch": contrastive_batch}
 
 
@@ -228,8 +237,46 @@ def _end_of_epoch(job: TrainJob, trained: TrainedModel, state: dict, epoch: int,
     exported = trained.export()
     if job.execution.get("keep_epoch_weights"):
         save_weights(exported, job.model_config, job.checkpoint_dir / f"epoch_{epoch + 1:02d}.pt")
-    return {"epoch": epoch + 1, "step": state["step"], "train": _summarise_epoch(state["epoch_records"]),
-            "eval": _evaluate_all(exported, eval_sets, job, device), "weights_sha256": weights_digest(exported)}
+    entry = {"epoch": epoch + 1, "step": state["step"], "train": _summarise_epoch(state["epoch_records"]),
+             "eval": _evaluate_all(exported, eval_sets, job, device), "weights_sha256": weights_digest(exported)}
+    if _selected_epoch(job, state["history"] + [entry]) == entry["epoch"]:
+        # A new best: written before the resume checkpoint that commits this epoch, and the previous
+        # best's file is removed only after that commit (_prune_selected), so a kill never loses both.
+        save_weights(exported, job.model_config, selected_weights_path(job.checkpoint_dir, entry["epoch"]))
+    return entry
+
+
+# ---- the checkpoint selected on the run's own benchmark (its transfer cells use it) -------------
+def _selected_epoch(job: TrainJob, history: list[dict]) -> int | None:
+    """The epoch `select_epochs` picks on the job's selection benchmark (None: no epoch, or none kept)."""
+    if job.selection_benchmark is None or not history:
+        return None
+    return select_epochs(history, job.selection_benchmark, job.evaluation["selection_metric"])["best"]["epoch"]
+
+
+def _selected_weights_file(job: TrainJob, history: list[dict]) -> Path | None:
+    """Where the resume area holds the selected epoch's weights: its own file, or the epoch's kept
+    weights (keep_epoch_weights). Raises if neither is there: they cannot be recomputed."""
+    epoch = _selected_epoch(job, history)
+    if epoch is None:
+        return None
+    candidates = [selected_weights_path(job.checkpoint_dir, epoch), job.checkpoint_dir / f"epoch_{epoch:02d}.pt"]
+    found = next((path for path in candidates if path.is_file()), None)
+    if found is None:
+        raise StaleArtifactError(f"{job.run_id}: the weights of epoch {epoch}, selected on {job.selection_benchmark}, "
+                                 f"are not in {job.checkpoint_dir} (a resume checkpoint written before selected "
+                                 f"checkpoints were kept?); delete {job.checkpoint_dir} to retrain this run")
+    return found
+
+
+def _prune_selected(job: TrainJob, history: list[dict]) -> None:
+    """After a resume checkpoint committed `history`: drop the weights of epochs no longer selected."""
+    if job.selection_benchmark is None:
+        return
+    keep = selected_weights_path(job.checkpoint_dir, _selected_epoch(job, history) or 0)
+    for path in job.checkpoint_dir.glob("selected_epoch_*.pt"):
+        if path != keep:
+            path.unlink()
 
 
 def _build_model(job: TrainJob, device: torch.device):
@@ -275,7 +322,7 @@ def _group_backward_mode(recipe: dict, execution: dict, method: Method) -> str:
 def _train(job: TrainJob, distributed: Distributed) -> dict:
     started = time.time()
     spec, execution = job.spec, job.execution
-    recipe, objective = spec["recipe"], spec["objective"]
+    recipe, objective = spec["recipe"], with_run_seed(spec["objective"], spec["seed"])  # seed: shuffled-G keys
     main = distributed.is_main
     torch.set_num_threads(execution["threads"])
     torch.manual_seed(spec["seed"])  # the same on every rank: identical initial (adapter) weights
@@ -287,7 +334,9 @@ def _train(job: TrainJob, distributed: Distributed) -> dict:
     model = trained.module
     cache = execution.get("cache_images", True)
     train_set = PairDataset.from_manifest(job.train_manifest, backbone.preprocess, backbone.tokenizer, cache)
-    method = build_method(objective["framework"], objective, objective.get("settings", {}), model, train_set,
+    # the run's protocol settings plus the released code's cost-only steps it executes (not its identity)
+    settings = {**objective.get("settings", {}), **execution.get("cost_only_steps", {})}
+    method = build_method(objective["framework"], objective, settings, model, train_set,
                           job.auxiliary, backbone.tokenizer, frozen_text)
     if method.extra_module is not None:
         if distributed.world_size > 1:
@@ -315,6 +364,8 @@ def _train(job: TrainJob, distributed: Distributed) -> dict:
     state.setdefault("grad_probe", [])
     timers = state.setdefault("timers", {"eval_s": 0.0, "probe_s": 0.0, "train_s": 0.0})
     resumed_from = state["step"] if state["step"] else None
+    if main:
+        _selected_weights_file(job, state["history"])  # a resume area that lost them fails now, not after training
     if main and "initial_eval" not in state:  # the starting point (zero-shot init), for "does fine-tuning help?"
         with _timed(timers, "eval_s"):
             state["initial_eval"] = _initial_evaluation(trained.export(), eval_sets, job, device)
@@ -329,6 +380,7 @@ def _train(job: TrainJob, distributed: Distributed) -> dict:
             optimizer.zero_grad(set_to_none=True)
             batches = [method.to_device(method.load(distributed.local_slice(ix)), device) for ix in groups[group_index]]
             positions = [Position(epoch, group_index * accum + k, micro_per_epoch) for k in range(len(batches))]
+            margin_keys = [(p.epoch, p.micro_batch) for p in positions]  # each group's shuffled-G key
             if probe is not None and probe.due(state["step"]):
                 probe_started = time.time()
                 # the probe's forward precision is a setting: the paper reports exact zeros "in fp32"
@@ -336,19 +388,20 @@ def _train(job: TrainJob, distributed: Distributed) -> dict:
                     else contextlib.nullcontext
                 measured = probe.measure(model, trained.trainable_parameters(), *batches[0], frozen_text,
                                          probe_autocast,
-                                         distributed)
+                                         distributed, margin_keys[0])
                 state["grad_probe"].append({"step": state["step"], "epoch": epoch + 1, **measured})
                 timers["probe_s"] += time.time() - probe_started
             check = functools.partial(_require_finite, job=job, epoch=epoch, step=state["step"])
             if mode == "exact":
-                records = _exact_batch_backward(model, batches, objective, frozen_text, autocast, check)
+                records = _exact_batch_backward(model, batches, objective, frozen_text, autocast, check,
+                                                margin_keys[0])
             elif mode == "compute":
                 if state["step"] == 0 and "compute_batch_used" not in state:
                     compute_batch = _fit_compute_batch(model, optimizer, batches, objective, frozen_text, autocast,
                                                        compute_batch, micro, device)
                 state["compute_batch_used"] = compute_batch = state.get("compute_batch_used", compute_batch)
                 records = compute_batch_backward(model, batches, objective, frozen_text, autocast, check,
-                                                 compute_batch, micro)
+                                                 compute_batch, micro, margin_keys=margin_keys)
             else:
                 records = _micro_batch_backward(model, method, batches, positions, autocast, check)
             distributed.average_gradients(trained.trainable_parameters())  # once per step, after accumulation
@@ -376,6 +429,7 @@ def _train(job: TrainJob, distributed: Distributed) -> dict:
         state.update(epoch=epoch + 1, group=0, epoch_records=[])
         if main:
             save_checkpoint(job.checkpoint_dir, job.spec_hash, trained, optimizer, state)
+            _prune_selected(job, state["history"])
         distributed.barrier()  # the other ranks wait for rank 0's evaluation and checkpoint
     progress.close()
     wall = time.time() - started
@@ -387,6 +441,7 @@ def _train(job: TrainJob, distributed: Distributed) -> dict:
                 "processes": distributed.world_size, "grad_probe": probe_summary(probe, state["grad_probe"]),
                 "grad_probe_precision": execution.get("grad_probe_precision", "fp32") if probe else None,
                 "timing_s": dict(timers), "method": method.summary,
+                "released_costs": execution.get("cost_only_steps", {}),
                 "param_groups": [{"name": g["name"], "base_lr": g["base_lr"], "weight_decay": g["weight_decay"],
                                   "parameters": sum(p.numel() for p in g["params"])}
                                  for g in optimizer.param_groups]}
@@ -410,7 +465,8 @@ def _fit_compute_batch(model, optimizer, batches, objective, frozen_text, autoca
         return requested
 
     def try_step(size: int) -> None:
-        compute_batch_backward(model, batches, objective, frozen_text, autocast, lambda record: None, size, micro)
+        compute_batch_backward(model, batches, objective, frozen_text, autocast, lambda record: None, size, micro,
+                               margin_keys=[(0, k) for k in range(len(batches))])  # any: its gradients are dropped
         optimizer.zero_grad(set_to_none=True)
     return fit_compute_batch(try_step, requested, micro, lambda line: print(line, file=sys.stderr))
 
@@ -426,6 +482,10 @@ def _write_outputs(job: TrainJob, model, state: dict, init: dict, wall: float, r
     model_path = job.out_dir / "model.pt"
     save_weights(model, job.model_config, model_path)
     saved_matches = _saved_weights_match(model_path, state["history"])
+    outputs = {"model": {"path": str(model_path), "sha256": provenance.file_sha256(model_path)}}
+    selected = _write_selected(job, state["history"])
+    if selected is not None:
+        outputs["model_selected"] = selected.pop("output")
     write_jsonl(job.out_dir / "steps.jsonl", state["steps"])
     if training["grad_probe"] is not None:
         write_jsonl(job.out_dir / "grad_probe.jsonl", state["grad_probe"])
@@ -439,7 +499,7 @@ def _write_outputs(job: TrainJob, model, state: dict, init: dict, wall: float, r
         device={"type": str(device), "threads": job.execution["threads"], "processes": training["processes"]},
         extra={"run_id": job.run_id, "init": init, "initial_eval": state["initial_eval"],
                "history": state["history"], "training": training,
-               "outputs": {"model": {"path": str(model_path), "sha256": provenance.file_sha256(model_path)}},
+               "outputs": outputs, "selected_checkpoint": selected,
                "resumed_from_step": resumed_from, "optimizer_steps": state["step"],
                "final_weights_sha256": state["history"][-1]["weights_sha256"] if state["history"] else None,
                "saved_weights_match_last_epoch": saved_matches,
@@ -453,11 +513,32 @@ def _saved_weights_match(model_path: Path, history: list[dict]) -> bool | None:
     evaluation records can be taken from the per-epoch metrics without re-encoding."""
     if not history:
         return None
-    saved = torch.load(model_path, map_location="cpu", weights_only=True)["state_dict"]
-    if state_dict_digest(saved) != history[-1]["weights_sha256"]:
-        raise RuntimeError(f"{model_path}: the saved weights differ from those evaluated at the last epoch "
-                           f"(sha256 {history[-1]['weights_sha256']}); the file was not written intact")
+    _require_weights(model_path, history[-1]["weights_sha256"], "the last epoch")
     return True
+
+
+def _require_weights(path: Path, weights_sha256: str, evaluated: str) -> None:
+    saved = torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
+    if state_dict_digest(saved) != weights_sha256:
+        raise RuntimeError(f"{path}: the saved weights differ from those evaluated at {evaluated} "
+                           f"(sha256 {weights_sha256}); the file was not written intact")
+
+
+def _write_selected(job: TrainJob, history: list[dict]) -> dict | None:
+    """Copy the selected epoch's weights from the resume area to model_selected.pt, checked against
+    the weights that epoch's metrics were computed on; returns what train.json records of it."""
+    source = _selected_weights_file(job, history)
+    if source is None:
+        return None
+    epoch = _selected_epoch(job, history)
+    weights_sha256 = next(h["weights_sha256"] for h in history if h["epoch"] == epoch)
+    target = job.out_dir / "model_selected.pt"
+    with atomic_path(target) as tmp:
+        shutil.copyfile(source, tmp)
+        _require_weights(tmp, weights_sha256, f"epoch {epoch}")  # only an intact copy is renamed into place
+    return {"benchmark": job.selection_benchmark, "metric": job.evaluation["selection_metric"], "epoch": epoch,
+            "weights_sha256": weights_sha256,
+            "output": {"path": str(target), "sha256": provenance.file_sha256(target)}}
 
 
 def _throughput(job: TrainJob, state: dict, wall: float, timing: dict) -> dict:

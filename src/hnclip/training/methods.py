@@ -56,7 +56,7 @@ def build_method(framework: str, objective: dict, settings: dict, model: torch.n
     `auxiliary` the paths of its auxiliary inputs (GOAL: segments, StructXLIP: edges)."""
     if framework in TRAINED_FRAMEWORKS:
         def terms(model, batch, position, autocast: Autocast = contextlib.nullcontext):
-            return loss_terms(model, *batch, objective, frozen_text, autocast)
+            return loss_terms(model, *batch, objective, frozen_text, autocast, (position.epoch, position.micro_batch))
         return Method(framework, train_set.batch, terms)
     if framework == "finelip":
         return _finelip(objective, settings, model, train_set)
@@ -88,7 +88,9 @@ def _finelip(objective: dict, settings: dict, model, train_set) -> Method:
 def _goal(objective: dict, settings: dict, model, train_set, auxiliary: dict[str, Path], tokenizer) -> Method:
     from hnclip.data.auxiliary.batches import GoalInputs
     from hnclip.losses.goal import GoalSettings, goal_loss_terms
-    goal_settings = GoalSettings.from_dict({k: v for k, v in settings.items() if k != "anomaly_detection"})
+    # the cost-only steps (double forward, anomaly detection) run only where the job asks (Registry.released_costs)
+    goal_settings = GoalSettings.from_dict({"double_forward": False,
+                                            **{k: v for k, v in settings.items() if k != "anomaly_detection"}})
     inputs = GoalInputs(train_set, auxiliary["segments"], tokenizer, _grid_size(model.visual.image_size),
                         _grid_size(model.visual.patch_size), goal_settings)
     # The released step runs with autograd anomaly detection on: a cost only (Table A3), kept as a setting.

@@ -8,8 +8,15 @@ L2 norms, their cosine, whether each gradient is exactly zero in fp32 (every ent
 residuals underflowed), the fraction of parameter entries whose gradient is exactly zero, and the
 largest |dL/dlogit| of each loss.
 
-L_HN uses the run's gamma and margin mode; a run with gamma 0 (InfoNCE) is probed with gamma 0.5,
-the paper's default (`gamma_source` says which). Only the global terms are probed (no token term).
+Where an "exact zero in fp32" can come from (Table X1): the same batch's L_CLIP is also measured
+with its forward and loss under bf16 autocast, as open_clip's training step computes them (matmuls in
+bf16, softmax and cross-entropy autocast to fp32; `clip_bf16_*`), and the fp32 gradient's norm is also
+computed the way an fp32 trainer computes it (`clip_grad_norm_fp32`: squares in fp32, which
+underflow below ~1e-22 per entry), beside the float64 norm.
+
+L_HN uses the run's gamma, margin mode and margin control (constant / shuffled G, with the micro-batch's
+margin key); a run with gamma 0 (InfoNCE) is probed with gamma 0.5, the paper's default
+(`gamma_source` says which). Only the global terms are probed (no token term).
 The probe cannot change training: it never touches .grad, it runs under a forked RNG, and the
 model has no batch statistics. Norms and dot products accumulate in float64, so tiny fp32
 gradients are not flushed to zero by squaring.
@@ -25,9 +32,18 @@ from hnclip.losses.contrastive import _symmetric_cross_entropy, margin_matrix
 from hnclip.losses.distributed import gather_features
 from hnclip.models.towers import encode_batch
 from hnclip.training.distributed import Distributed, average_tensors
-from hnclip.training.objective import Autocast, as_float32, frozen_margin_features
+from hnclip.training.objective import (
+    Autocast,
+    MarginKey,
+    as_float32,
+    frozen_margin_features,
+    margin_control,
+    margin_generator,
+)
 
 DEFAULT_PROBE_GAMMA = 0.5  # paper default, for probing runs trained with plain InfoNCE
+BF16_AUTOCAST_DEVICE_TYPES = ("cpu", "cuda", "npu")  # where torch.autocast runs bf16 (else: not measured)
+INFONCE_GRADIENT_FIELDS = ("loss", "grad_norm", "grad_exactly_zero", "max_abs_dlogit")  # bf16 record fields
 
 
 @dataclass(frozen=True)
@@ -36,6 +52,8 @@ class GradientProbe:
     gamma: float
     gamma_source: str    # "objective" or "default" (the run's gamma is 0)
     margin: str          # live | frozen, as the run
+    margin_control: str = "none"     # none | constant | shuffled, as the run
+    run_seed: int | None = None      # a shuffled-G run's seed (its shuffles' first part)
 
     @classmethod
     def from_settings(cls, execution: dict, objective: dict) -> "GradientProbe | None":
@@ -43,7 +61,8 @@ class GradientProbe:
         if every <= 0:
             return None
         if objective["gamma"] > 0:
-            return cls(every, float(objective["gamma"]), "objective", objective["margin"])
+            return cls(every, float(objective["gamma"]), "objective", objective["margin"],
+                       margin_control(objective), objective.get("run_seed"))
         return cls(every, DEFAULT_PROBE_GAMMA, "default", objective["margin"])
 
     def due(self, step: int) -> bool:
@@ -51,18 +70,22 @@ class GradientProbe:
         return step % self.every == 0
 
     def measure(self, model, parameters: list[torch.nn.Parameter], images, tokens, frozen_text=None,
-                autocast: Autocast = contextlib.nullcontext, distributed: Distributed = Distributed()) -> dict:
+                autocast: Autocast = contextlib.nullcontext, distributed: Distributed = Distributed(),
+                margin_key: MarginKey | None = None) -> dict:
+        """`margin_key`: the probed micro-batch's key (a shuffled-G run draws its training shuffle)."""
         with _preserved_rng(images.device):
-            losses, logits = self._losses(model, images, tokens, frozen_text, autocast)
+            losses, logits = self._losses(model, images, tokens, frozen_text, autocast, margin_key)
             clip_grads = torch.autograd.grad(losses["clip"], [*parameters, logits["clip"]], retain_graph=True,
                                              allow_unused=True)
             hn_grads = torch.autograd.grad(losses["hn"], [*parameters, logits["hn"]], allow_unused=True)
+            bf16 = bf16_infonce_gradient(model, parameters, images, tokens, distributed)
         clip_params = _dense(clip_grads[:-1], parameters)
         hn_params = _dense(hn_grads[:-1], parameters)
         if distributed.enabled:  # each rank holds its share of the global gradient (see losses.distributed)
             average_tensors(clip_params + hn_params, distributed.world_size)
         clip, hn = _statistics(clip_params), _statistics(hn_params)
         record = {"gamma": self.gamma, "gamma_source": self.gamma_source, "margin": self.margin,
+                  "margin_control": self.margin_control,
                   "batch": int(logits["clip"].shape[0]), "parameters": clip["entries"],
                   "clip_loss": float(losses["clip"].detach()), "hn_loss": float(losses["hn"].detach()),
                   "clip_grad_norm": clip["norm"], "hn_grad_norm": hn["norm"],
@@ -72,14 +95,17 @@ class GradientProbe:
                   "clip_zero_grad_fraction": clip["zero_entries"] / max(1, clip["entries"]),
                   "hn_zero_grad_fraction": hn["zero_entries"] / max(1, hn["entries"]),
                   "clip_max_abs_dlogit": float(clip_grads[-1].abs().max()),
-                  "hn_max_abs_dlogit": float(hn_grads[-1].abs().max())}
+                  "hn_max_abs_dlogit": float(hn_grads[-1].abs().max()),
+                  "clip_grad_norm_fp32": fp32_norm(clip_params), **bf16}
         record["exactly_zero_norms"] = int(record["clip_grad_exactly_zero"]) + int(record["hn_grad_exactly_zero"])
         return record
 
-    def _losses(self, model, images, tokens, frozen_text, autocast):
+    def _losses(self, model, images, tokens, frozen_text, autocast, margin_key: MarginKey | None = None):
         """Both losses from one forward, with the logits kept as graph nodes for dL/dlogit.
         The arithmetic is that of `infonce_loss` and `hn_loss`, step for step."""
-        objective = {"gamma": self.gamma, "margin": self.margin}
+        objective = {"gamma": self.gamma, "margin": self.margin, "margin_control": self.margin_control}
+        if self.run_seed is not None:
+            objective["run_seed"] = self.run_seed
         with autocast():
             encoded = encode_batch(model, images, tokens, with_tokens=False)
             margin_features = frozen_margin_features(frozen_text, tokens, objective)
@@ -88,7 +114,8 @@ class GradientProbe:
         scale = model.logit_scale.exp()
         clip_logits = scale * image_features @ text_features.t()
         sims = image_features @ text_features.t()
-        boost = margin_matrix(text_features if margin_features is None else margin_features, self.gamma)
+        boost = margin_matrix(text_features if margin_features is None else margin_features, self.gamma,
+                              self.margin_control, margin_generator(objective, margin_key))
         hn_logits = scale * (sims + boost.to(sims.dtype))
         losses = {"clip": _symmetric_cross_entropy(clip_logits), "hn": _symmetric_cross_entropy(hn_logits)}
         return losses, {"clip": clip_logits, "hn": hn_logits}
@@ -101,7 +128,55 @@ def probe_summary(probe: GradientProbe | None, records: list[dict]) -> dict | No
     return {"every": probe.every, "gamma": probe.gamma, "gamma_source": probe.gamma_source,
             "margin": probe.margin, "measurements": len(records),
             "clip_grad_exactly_zero": sum(r["clip_grad_exactly_zero"] for r in records),
-            "hn_grad_exactly_zero": sum(r["hn_grad_exactly_zero"] for r in records)}
+            "hn_grad_exactly_zero": sum(r["hn_grad_exactly_zero"] for r in records),
+            "clip_bf16_grad_exactly_zero": sum(bool(r.get("clip_bf16_grad_exactly_zero")) for r in records)}
+
+
+def bf16_infonce_gradient(model, parameters: list[torch.nn.Parameter], images, tokens,
+                          distributed: Distributed = Distributed()) -> dict:
+    """L_CLIP of the batch with its forward and loss under bf16 autocast (open_clip's training step),
+    as `clip_bf16_*` fields of a probe record (`infonce_gradient`); None values where the device has
+    no bf16 autocast."""
+    device_type = images.device.type
+    if device_type not in BF16_AUTOCAST_DEVICE_TYPES:
+        return {f"clip_bf16_{key}": None for key in INFONCE_GRADIENT_FIELDS}
+
+    def forward():
+        encoded = encode_batch(model, images, tokens, with_tokens=False)
+        return encoded.image_features, encoded.text_features, model.logit_scale.exp()
+    measured = infonce_gradient(forward, parameters, "bf16", device_type, distributed)
+    return {f"clip_bf16_{key}": measured[key] for key in INFONCE_GRADIENT_FIELDS}
+
+
+def infonce_gradient(forward, parameters: list[torch.nn.Parameter], precision: str, device_type: str = "cpu",
+                     distributed: Distributed = Distributed()) -> dict:
+    """L_CLIP on the features `forward()` returns (image features, text features, exponentiated scale),
+    with the forward and the loss in fp32 or under bf16 autocast: its value, its gradient's float64 norm
+    and fp32 norm (`fp32_norm`), whether every gradient entry w.r.t. `parameters` is exactly 0, and
+    the largest |dL/dlogit|."""
+    context = torch.autocast(device_type=device_type, dtype=torch.bfloat16) if precision == "bf16" \
+        else contextlib.nullcontext()
+    with context:
+        image_features, text_features, scale = forward()
+        image_features, text_features, _ = gather_features(image_features, text_features)
+        logits = scale * image_features @ text_features.t()
+        loss = _symmetric_cross_entropy(logits)
+    grads = torch.autograd.grad(loss, [*parameters, logits], allow_unused=True)
+    params = _dense(grads[:-1], parameters)
+    if distributed.enabled:
+        average_tensors(params, distributed.world_size)
+    stats = _statistics(params)
+    return {"loss": float(loss.detach()), "grad_norm": stats["norm"], "grad_norm_fp32": fp32_norm(params),
+            "grad_exactly_zero": stats["zero_entries"] == stats["entries"],
+            "max_abs_dlogit": float(grads[-1].float().abs().max())}
+
+
+def fp32_norm(grads: list[torch.Tensor]) -> float:
+    """The gradient norm as an fp32 trainer computes it (torch's norm of the per-tensor norms, in the
+    gradients' own dtype): 0 once every entry is below ~1e-22, while the gradient itself is not."""
+    if not grads:
+        return 0.0
+    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])))
 
 
 @contextlib.contextmanager
