@@ -71,3 +71,24 @@ def probed_project(params, tmp_path, monkeypatch):
     reg = Registry(params)  # validated against the project's schema before leaving the project
     monkeypatch.chdir(tmp_path)
     return write_probed_project(reg, params)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny shapes run fastest on one thread, and do not crawl when other processes share the CPUs
+    (modules opt in with `pytestmark = pytest.mark.usefixtures("one_thread")`)."""
+    import torch
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def tiny_state() -> dict:
+    """The weights of a randomly initialised hnclip-tiny (seed 0); load them with helpers.batches.tiny_model."""
+    import torch
+
+    from hnclip.models.factory import create
+    torch.manual_seed(0)
+    return create("hnclip-tiny").model.state_dict()

@@ -16,16 +16,10 @@ recall_large = importlib.import_module("recall_large")
 throughput = importlib.import_module("throughput")
 token_memory = importlib.import_module("token_memory")
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: tiny shapes, one thread
+
 ENVIRONMENT = {"device", "device_name", "threads", "libraries", "git", "timestamp"}
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny shapes run fastest on one thread, and do not crawl when other processes share the CPUs."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def read_lines(path: Path) -> list[dict]:

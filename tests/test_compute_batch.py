@@ -13,10 +13,11 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from helpers.batches import accumulation_group as random_group
+from helpers.batches import tiny_model
 
 from hnclip.losses.token import token_alignment_loss
-from hnclip.models.factory import create
-from hnclip.models.towers import PAD_ID, Encoded, encode_batch
+from hnclip.models.towers import Encoded, encode_batch
 from hnclip.training.compute_batch import (
     compute_batch_backward,
     fit_compute_batch,
@@ -26,9 +27,10 @@ from hnclip.training.distributed import Distributed
 from hnclip.training.frameworks import TrainedModel
 from hnclip.training.objective import loss_terms, token_term
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: tiny shapes, one thread
+
 MICRO, ACCUM = 4, 8
 COMPUTE = MICRO * ACCUM  # the whole accumulation group in one forward
-SOT, EOT = 49406, 49407
 RELATIVE = 1e-5
 OBJECTIVES = {
     "infonce": {"gamma": 0.0, "lambda_tok": 0.0, "margin": "live"},
@@ -42,41 +44,13 @@ def no_check(record: dict) -> None:
     """The loop's non-finite guard, switched off."""
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The tiny model runs fastest on one thread, and then does not slow to a crawl when other
-    processes share the CPUs (spinning OpenMP threads)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 # ---- inputs -------------------------------------------------------------------------------------
 def accumulation_group(seed: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """ACCUM micro-batches of MICRO random 64 px images and captions; micro-batch m has captions of
     3 to 5 + 5m tokens, so the concatenated forward pads the early micro-batches' captions far
     beyond their own longest caption."""
-    generator = torch.Generator().manual_seed(seed)
-    images = torch.randn(MICRO * ACCUM, 3, 64, 64, generator=generator)
-    tokens = torch.full((MICRO * ACCUM, 248), PAD_ID, dtype=torch.long)
-    for row in range(MICRO * ACCUM):
-        length = int(torch.randint(3, 6 + 5 * (row // MICRO), (1,), generator=generator))
-        tokens[row, 0], tokens[row, length - 1] = SOT, EOT
-        tokens[row, 1:length - 1] = torch.randint(1, SOT, (length - 2,), generator=generator)
-    return list(zip(images.split(MICRO), tokens.split(MICRO)))
-
-
-@pytest.fixture(scope="module")
-def base_state() -> dict:
-    torch.manual_seed(0)
-    return create("hnclip-tiny").model.state_dict()
-
-
-def tiny_model(state: dict) -> torch.nn.Module:
-    model = create("hnclip-tiny").model
-    model.load_state_dict(state)
-    return model.train()
+    return random_group(MICRO, ACCUM, seed, lambda row: (3, 6 + 5 * (row // MICRO)))
 
 
 def perturbed_copy(model: torch.nn.Module) -> torch.nn.Module:
@@ -129,8 +103,8 @@ def assert_same_records(actual: list[dict], expected: list[dict]) -> None:
 
 # ---- equivalence --------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", OBJECTIVES)
-def test_whole_group_forward_equals_sequential_accumulation(base_state, name):
-    model, objective, batches = tiny_model(base_state), OBJECTIVES[name], accumulation_group()
+def test_whole_group_forward_equals_sequential_accumulation(tiny_state, name):
+    model, objective, batches = tiny_model(tiny_state), OBJECTIVES[name], accumulation_group()
     frozen = perturbed_copy(model) if objective["margin"] == "frozen" else None
     expected_records, expected = sequential(model, batches, objective, frozen)
     records, actual = in_compute_batches(model, batches, objective, frozen)
@@ -140,26 +114,26 @@ def test_whole_group_forward_equals_sequential_accumulation(base_state, name):
         | ({"tok"} if objective["lambda_tok"] > 0 else set())
 
 
-def test_frozen_margin_changes_the_gradient(base_state):
+def test_frozen_margin_changes_the_gradient(tiny_state):
     """The frozen-G comparison above is not vacuous: its G comes from the other tower."""
-    model, batches = tiny_model(base_state), accumulation_group()
+    model, batches = tiny_model(tiny_state), accumulation_group()
     _, live = in_compute_batches(model, batches, OBJECTIVES["hn_live"])
     _, frozen = in_compute_batches(model, batches, OBJECTIVES["hn_frozen"], perturbed_copy(model))
     name = "text_projection"
     assert float((live[name] - frozen[name]).norm() / live[name].norm()) > 1e-3
 
 
-def test_forwards_of_three_micro_batches_and_a_short_last_one(base_state):
+def test_forwards_of_three_micro_batches_and_a_short_last_one(tiny_state):
     """compute_batch 12 with 8 micro-batches: forwards of 3, 3 and 2 micro-batches."""
-    model, batches = tiny_model(base_state), accumulation_group(seed=2)
+    model, batches = tiny_model(tiny_state), accumulation_group(seed=2)
     expected_records, expected = sequential(model, batches, OBJECTIVES["hn_tok"])
     records, actual = in_compute_batches(model, batches, OBJECTIVES["hn_tok"], compute=3 * MICRO)
     assert_same_gradients(actual, expected)
     assert_same_records(records, expected_records)
 
 
-def test_lora_adapters(base_state):
-    module = TrainedModel.build(tiny_model(base_state), "lora",
+def test_lora_adapters(tiny_state):
+    module = TrainedModel.build(tiny_model(tiny_state), "lora",
                                 {"r": 4, "alpha": 8, "dropout": 0.0, "target": "both"}).module
     generator = torch.Generator().manual_seed(3)
     with torch.no_grad():  # lora_B starts at zero, which would leave every lora_A gradient zero
@@ -174,10 +148,10 @@ def test_lora_adapters(base_state):
     assert_same_records(records, expected_records)
 
 
-def test_each_group_gets_its_own_micro_batch_rows(base_state):
+def test_each_group_gets_its_own_micro_batch_rows(tiny_state):
     """Block-diagonal: the terms function is called once per micro-batch, on exactly the features a
     forward of that micro-batch alone gives, and the group totals are averaged over the group."""
-    model, batches = tiny_model(base_state), accumulation_group()
+    model, batches = tiny_model(tiny_state), accumulation_group()
     seen = []
 
     def terms(encoded: Encoded, scale, objective, margin):
@@ -196,14 +170,14 @@ def test_each_group_gets_its_own_micro_batch_rows(base_state):
     assert [r["total"] for r in records] == pytest.approx([float(o.image_features[:, 0].sum()) for o in alone],
                                                           abs=1e-5)
     # the back-propagated loss is mean over groups of the group totals = sum over all images / ACCUM
-    model2 = tiny_model(base_state)
+    model2 = tiny_model(tiny_state)
     images = torch.cat([b[0] for b in batches])
     (model2.encode_image(images, normalize=True)[:, 0].sum() / ACCUM).backward()
     torch.testing.assert_close(model.visual.proj.grad, model2.visual.proj.grad, rtol=1e-5, atol=1e-7)
 
 
-def test_check_sees_every_record_of_a_forward_before_backward(base_state):
-    model, batches = tiny_model(base_state), accumulation_group()
+def test_check_sees_every_record_of_a_forward_before_backward(tiny_state):
+    model, batches = tiny_model(tiny_state), accumulation_group()
     checked = []
 
     def check(record):
@@ -347,11 +321,11 @@ def ddp_worker(rank: int, port: int, state: dict, out_path) -> None:
         dist.destroy_process_group()
 
 
-def test_two_processes_equal_one_process_sequential_accumulation(base_state, tmp_path):
+def test_two_processes_equal_one_process_sequential_accumulation(tiny_state, tmp_path):
     """Each rank holds half of every micro-batch; each group's terms gather that group's features."""
     out_path = tmp_path / "rank0.pt"
-    mp.spawn(ddp_worker, args=(free_port(), base_state, out_path), nprocs=WORLD)
+    mp.spawn(ddp_worker, args=(free_port(), tiny_state, out_path), nprocs=WORLD)
     multi = torch.load(out_path, weights_only=True)
-    expected_records, expected = sequential(tiny_model(base_state), accumulation_group(), OBJECTIVES["hn_tok"])
+    expected_records, expected = sequential(tiny_model(tiny_state), accumulation_group(), OBJECTIVES["hn_tok"])
     assert_same_gradients(multi["grads"], expected)
     assert_same_records(multi["records"], expected_records)

@@ -21,15 +21,7 @@ from hnclip.losses.goal import (
 )
 from hnclip.models.factory import create
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The tiny model runs fastest on one thread, and does not crawl when other processes share the CPUs."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: tiny shapes, one thread
 
 def _grid(rows, cols, width):
     """Token indices (CLS = 0) of rows x cols on a grid `width` patches wide, row-major."""

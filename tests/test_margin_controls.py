@@ -15,6 +15,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 import yaml
+from helpers.batches import accumulation_group as random_group
+from helpers.batches import tiny_model
 from helpers.micro_project import ROOT, VENV_BIN, run
 from helpers.training import EVALUATION, EXECUTION, KILL_SCRIPT, SPEC
 
@@ -25,7 +27,7 @@ from hnclip.config.registry import Registry
 from hnclip.data.loader import PairDataset
 from hnclip.losses import constant_margins, hn_loss, margin_matrix, shuffled_margins
 from hnclip.models.factory import create
-from hnclip.models.towers import PAD_ID, encode_batch
+from hnclip.models.towers import encode_batch
 from hnclip.report import build
 from hnclip.report.gradient_stats import exact_zero_shares
 from hnclip.training.compute_batch import compute_batch_backward
@@ -34,19 +36,13 @@ from hnclip.training.loop import TrainJob, epoch_micro_batches, train
 from hnclip.training.objective import loss_terms, margin_generator, with_run_seed
 from hnclip.training.probe import GradientProbe, infonce_gradient
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: tiny shapes, one thread
+
 MICRO, ACCUM = 4, 4
-SOT, EOT = 49406, 49407
 CONSTANT = {"gamma": 0.5, "lambda_tok": 0.0, "margin": "live", "margin_control": "constant"}
 SHUFFLED = with_run_seed({**CONSTANT, "margin_control": "shuffled"}, 7)
 CONTROL_ROWS = ("constant_margin", "shuffled_g", "longclip_ft_128way", "hn_clip_128way")
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def unit(rows: list[list[float]]) -> torch.Tensor:
@@ -119,26 +115,7 @@ def test_the_shuffle_of_a_group_is_a_function_of_the_run_seed_and_its_position()
 
 # ---- every path that computes L_HN ---------------------------------------------------------------
 def accumulation_group(seed: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    generator = torch.Generator().manual_seed(seed)
-    images = torch.randn(MICRO * ACCUM, 3, 64, 64, generator=generator)
-    tokens = torch.full((MICRO * ACCUM, 248), PAD_ID, dtype=torch.long)
-    for row in range(MICRO * ACCUM):
-        length = int(torch.randint(4, 12, (1,), generator=generator))
-        tokens[row, 0], tokens[row, length - 1] = SOT, EOT
-        tokens[row, 1:length - 1] = torch.randint(1, SOT, (length - 2,), generator=generator)
-    return list(zip(images.split(MICRO), tokens.split(MICRO)))
-
-
-@pytest.fixture(scope="module")
-def base_state() -> dict:
-    torch.manual_seed(0)
-    return create("hnclip-tiny").model.state_dict()
-
-
-def tiny_model(state: dict) -> torch.nn.Module:
-    model = create("hnclip-tiny").model
-    model.load_state_dict(state)
-    return model.train()
+    return random_group(MICRO, ACCUM, seed)
 
 
 def grads(model) -> dict[str, torch.Tensor]:
@@ -149,9 +126,9 @@ KEYS = [(1, 8 + k) for k in range(ACCUM)]  # the second optimizer step of epoch 
 
 
 @pytest.mark.parametrize("objective", [CONSTANT, SHUFFLED], ids=["constant", "shuffled"])
-def test_micro_batch_and_compute_batch_paths_give_the_same_losses_and_gradients(base_state, objective):
+def test_micro_batch_and_compute_batch_paths_give_the_same_losses_and_gradients(tiny_state, objective):
     batches = accumulation_group()
-    model = tiny_model(base_state)
+    model = tiny_model(tiny_state)
     micro = []
     for (images, tokens), key in zip(batches, KEYS):
         terms = loss_terms(model, images, tokens, objective, margin_key=key)
@@ -175,9 +152,9 @@ def test_micro_batch_and_compute_batch_paths_give_the_same_losses_and_gradients(
 
 
 @pytest.mark.parametrize("objective", [CONSTANT, SHUFFLED], ids=["constant", "shuffled"])
-def test_exact_batch_is_one_softmax_with_the_groups_controlled_margins(base_state, objective):
+def test_exact_batch_is_one_softmax_with_the_groups_controlled_margins(tiny_state, objective):
     batches = accumulation_group()
-    model = tiny_model(base_state)
+    model = tiny_model(tiny_state)
     record = exact_batch_backward(model, batches, objective, margin_key=KEYS[0])
     exact = grads(model)
     model.zero_grad(set_to_none=True)
@@ -192,9 +169,9 @@ def test_exact_batch_is_one_softmax_with_the_groups_controlled_margins(base_stat
 
 
 @pytest.mark.parametrize("objective", [CONSTANT, SHUFFLED], ids=["constant", "shuffled"])
-def test_the_probe_measures_the_runs_controlled_margin(base_state, objective):
+def test_the_probe_measures_the_runs_controlled_margin(tiny_state, objective):
     images, tokens = accumulation_group()[0]
-    model = tiny_model(base_state)
+    model = tiny_model(tiny_state)
     probe = GradientProbe.from_settings({"grad_probe_every": 1}, objective)
     record = probe.measure(model, list(model.parameters()), images, tokens, margin_key=KEYS[0])
     trained = loss_terms(model, images, tokens, objective, margin_key=KEYS[0])
