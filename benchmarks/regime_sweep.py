@@ -1,0 +1,374 @@
+"""Regime exploration for issue 13: which settings of the embedded miniature bring it into the paper's regime.
+
+    python benchmarks/regime_sweep.py --trial baseline          # a preset trial (see TRIALS)
+    python benchmarks/regime_sweep.py --settings '{"name": "x", "ft_lr": 3e-5, "pretrain_scale": 100}'
+    python benchmarks/regime_sweep.py --list
+
+One trial overrides the `tiny` profile's params in memory (params.yaml is read, never written), builds the
+DOCCI-like benchmark and the pretraining corpus, pretrains the backbone and fine-tunes plain InfoNCE
+(`longclip_ft`) for one epoch, all in a scratch directory (default /tmp/regime_sweep), through the
+library's own jobs (`hnclip.steps.data.build_dataset`, `hnclip.training.jobs.pretrain_job` /
+`finetune_job`, `hnclip.training.loop.train`). It measures the regime preconditions the pipeline's
+`regime` rule checks (params.yaml `regime_targets`) and appends one JSON line to
+benchmarks/results/regime_sweep.jsonl:
+
+* pretraining wall time (and the final pretraining logit scale);
+* zero-shot R@1 on the DOCCI-like test split, both directions (the fine-tuning run's initial evaluation);
+* mean pairwise and mean hardest-negative cosine of the DOCCI test captions under the pretrained text
+  encoder (`hnclip.evaluation.caption_geometry`);
+* the epoch-1 share of micro-batches with InfoNCE < 1e-3 (`saturated_frac` of the step log) for plain
+  fine-tuning with the profile's recipe (logit scale reset to 100, 16 x 8 accumulation, AdamW + cosine
+  over the recipe's 4 epochs: the run is stopped at the end of epoch 1, so epoch 1 sees exactly the
+  pipeline's learning rates);
+* the sibling share of the DOCCI training set (epoch-1 micro-batches of seed 42 holding two captions of
+  one family).
+
+Knobs (settings keys; all optional, absent = the profile's value):
+  pretrain        dict merged into backbones.tiny_pretrained.pretrain (epochs, lr, batch_size, warmup_steps,
+                  weight_decay, sizes)
+  pretrain_scale  null: learnable logit scale (the trainer's default); a number: the pretraining logit scale
+                  is fixed at that value. The trainer has no such option, so THIS SCRIPT implements it: the
+                  scratch model's logit_scale is set to ln(value) and frozen (requires_grad False, so AdamW
+                  never sees it) before pretraining.
+  model           dict: width (both towers; text heads = width / 32), layers (both towers), embed_dim. The
+                  script writes an extra open_clip model config under the scratch directory and registers it
+                  with open_clip.add_model_config (what hnclip.models.factory does for its own configs).
+  variants        {variant: {family_size, style, word_range, n_objects}}: in-memory replacements of
+                  hnclip.data.synthetic.VARIANTS entries (the generator's code is not edited). style "simple"
+                  is a caption grammar defined HERE: an opening sentence and one templated sentence per
+                  object, no relation sentences.
+  docci_sizes     the DOCCI-like dataset's sizes (train / test)
+  ft_lr           the fine-tuning recipe's learning rate
+  threads         torch threads of every job (default 2)
+
+Pretrained backbones and generated data are cached in the scratch directory by the digest of what
+determines them, so trials differing only in fine-tuning settings reuse one pretraining (the record says
+so and carries the original pretraining time).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import dataclasses
+import datetime
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = ROOT / "benchmarks" / "results" / "regime_sweep.jsonl"
+BACKBONE = "tiny_pretrained"
+
+SIMPLE = {"docci": {"style": "simple"}, "pretrain": {"style": "simple"}}
+TRIALS: dict[str, dict] = {
+    "baseline": {},
+    "fixed100_pre20": {"pretrain_scale": 100.0, "pretrain": {"epochs": 20}},
+    "w128": {"model": {"width": 128}},
+    "simple_w128": {"model": {"width": 128}, "variants": SIMPLE},
+    "simple_w128_fixed100": {"model": {"width": 128}, "pretrain_scale": 100.0, "variants": SIMPLE},
+}
+
+
+# ---- settings -> params ------------------------------------------------------------------------------
+def digest(obj) -> str:
+    from hnclip.provenance.hashing import json_sha256
+    return json_sha256(obj)[:12]
+
+
+def model_config(settings: dict, scratch: Path) -> str:
+    """The backbone's open_clip config name: the repository's, or a variant written and registered here."""
+    import open_clip
+
+    from hnclip.models.factory import CONFIG_DIR, register_configs
+    register_configs()
+    changes = settings.get("model")
+    if not changes:
+        return "hnclip-tiny"
+    config = json.loads((CONFIG_DIR / "hnclip-tiny.json").read_text())
+    if "width" in changes:
+        config["vision_cfg"]["width"] = config["text_cfg"]["width"] = int(changes["width"])
+        config["text_cfg"]["heads"] = max(1, int(changes["width"]) // 32)
+    if "layers" in changes:
+        config["vision_cfg"]["layers"] = config["text_cfg"]["layers"] = int(changes["layers"])
+    if "embed_dim" in changes:
+        config["embed_dim"] = int(changes["embed_dim"])
+    name = f"hnclip-sweep-{digest(config)}"
+    path = scratch / "model_configs" / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(config, indent=2))
+    open_clip.add_model_config(path)
+    return name
+
+
+def build_params(settings: dict, config_name: str, data_root: Path) -> dict:
+    import yaml
+
+    from hnclip.config.params import SCHEMA_RELPATH, validate_params
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["profile"] = "tiny"
+    profile = params["profiles"]["tiny"]
+    profile["data_root"] = str(data_root)
+    profile["execution"] = {**profile["execution"], "threads": int(settings.get("threads", 2))}
+    if "ft_lr" in settings:
+        profile["recipe"] = {**profile["recipe"], "lr": float(settings["ft_lr"])}
+    if "docci_sizes" in settings:
+        profile["datasets"]["docci"] = {**profile["datasets"]["docci"], "sizes": dict(settings["docci_sizes"])}
+    backbone = params["backbones"][BACKBONE]
+    backbone["model_config"] = config_name
+    backbone["pretrain"] = {**backbone["pretrain"], **settings.get("pretrain", {})}
+    validate_params(params, ROOT / SCHEMA_RELPATH)
+    return params
+
+
+# ---- caption grammar and families (in memory only) ----------------------------------------------------
+SIMPLE_OPENING = "{n} shapes on a {bg} background."
+SIMPLE_OBJECT = "A {size} {color} {shape} with {texture_phrase} in the {pos}."
+
+
+def _caption_simple(scene, spec, rng) -> str:
+    from hnclip.data.synthetic import NUMBER_WORDS, _capitalize, _slots
+    sentences = [SIMPLE_OPENING.format(n=NUMBER_WORDS[len(scene.objects)], bg=scene.background)]
+    sentences += [SIMPLE_OBJECT.format(**_slots(obj)) for obj in scene.objects]
+    return " ".join(_capitalize(s) for s in sentences)
+
+
+def apply_variants(settings: dict) -> dict:
+    """Replace VARIANTS entries of the generator in this process; returns what was applied."""
+    from hnclip.data import synthetic
+    synthetic.CAPTION_STYLES.setdefault("simple", _caption_simple)
+    applied = {}
+    for variant, changes in settings.get("variants", {}).items():
+        changes = {k: tuple(v) if isinstance(v, list) else v for k, v in changes.items()}
+        synthetic.VARIANTS[variant] = dataclasses.replace(synthetic.VARIANTS[variant], **changes)
+        applied[variant] = dataclasses.asdict(synthetic.VARIANTS[variant])
+    return applied
+
+
+# ---- steps -------------------------------------------------------------------------------------------
+def build_data(reg, roles: list[str]) -> float:
+    from hnclip.config import paths
+    from hnclip.steps.data import build_dataset
+    started = time.time()
+    for role in roles:
+        if not (paths.dataset_dir(reg.profile["data_root"], role) / "dataset.json").is_file():
+            build_dataset(reg, role)
+    return time.time() - started
+
+
+@contextlib.contextmanager
+def fixed_pretraining_scale(scale: float | None):
+    """While pretraining: a scratch model's logit scale is set to ln(scale) and frozen (None: unchanged)."""
+    from hnclip.training import loop
+    original = loop.load_backbone
+
+    def load(kind, path, config):
+        backbone = original(kind, path, config)
+        if kind == "scratch" and scale is not None:
+            import torch
+            with torch.no_grad():
+                backbone.model.logit_scale.fill_(math.log(scale))
+            backbone.model.logit_scale.requires_grad_(False)
+        return backbone
+    loop.load_backbone = load
+    try:
+        yield
+    finally:
+        loop.load_backbone = original
+
+
+def pretrain(reg, scale: float | None) -> dict:
+    """Pretrain in the current directory (results/backbones/...), or reuse a pretraining done there."""
+    from hnclip.config import paths
+    from hnclip.io import read_json, read_jsonl
+    from hnclip.training.jobs import pretrain_job
+    from hnclip.training.loop import train
+    meta_path = paths.backbone_dir(BACKBONE) / "sweep_pretrain.json"
+    if meta_path.is_file() and paths.backbone_weights(BACKBONE, "pretrained_here", "").is_file():
+        return {**read_json(meta_path), "reused": True}
+    job = pretrain_job(reg, BACKBONE)
+    job.eval_cache_dir = None
+    shutil.rmtree(job.checkpoint_dir, ignore_errors=True)
+    started = time.time()
+    with fixed_pretraining_scale(scale):
+        record = train(job)
+    wall = time.time() - started
+    steps = read_jsonl(paths.backbone_dir(BACKBONE) / "steps.jsonl")
+    last = record["history"][-1]["eval"]["pretrain_test"]
+    meta = {"wall_s": wall, "optimizer_steps": record["optimizer_steps"], "final_logit_scale": steps[-1]["logit_scale"],
+            "final_infonce": steps[-1].get("infonce_mean"),
+            "pretrain_test_r1": {d: last[d]["R@1"] for d in ("t2i", "i2t")}, "run_id": job.run_id}
+    Path(meta_path).write_text(json.dumps(meta, indent=2))
+    return {**meta, "reused": False}
+
+
+def geometry(reg) -> dict:
+    import torch
+
+    from hnclip.config import paths
+    from hnclip.data.manifest import read_manifest
+    from hnclip.evaluation.caption_geometry import caption_geometry, length_statistics
+    from hnclip.models.factory import load_weights
+    from hnclip.steps.stats import _encode
+    backbone = load_weights(paths.backbone_weights(BACKBONE, "pretrained_here", ""))
+    captions = [row.caption for row in read_manifest(reg.test_manifest("docci"), check_images=False)]
+    model = backbone.model.eval()
+    features = _encode(model, backbone.tokenizer, captions, torch.device("cpu"))
+    stats = caption_geometry(features)
+    lengths = length_statistics(captions)
+    return {"mean_pairwise_cosine": stats["mean_pairwise_cosine"],
+            "mean_hardest_negative_cosine": stats["mean_hardest_negative_cosine"],
+            "in_batch_share_ge_0.9": stats["in_batch_share_ge_0.9"],
+            "mean_words": lengths["mean_words"], "mean_tokens": lengths["mean_tokens"],
+            "fraction_truncated": lengths["fraction_truncated"]}
+
+
+class _StopAfterEpoch(Exception):
+    def __init__(self, state: dict):
+        super().__init__("stopped")
+        self.state = state
+
+
+def finetune_epoch1(reg) -> dict:
+    """Plain fine-tuning (`longclip_ft` on docci, the profile's recipe), stopped when epoch 1 ends."""
+    from hnclip.report.regime import epoch_share
+    from hnclip.training import loop
+    from hnclip.training.jobs import finetune_job
+    run_id = reg.run_spec("docci", reg.params["methods"]["longclip_ft"], reg.profile["seeds"][0], 1.0).run_id
+    job = finetune_job(reg, run_id)
+    job.execution = {**job.execution, "grad_probe_every": 0, "keep_epoch_weights": False}
+    job.eval_cache_dir = None
+    shutil.rmtree(job.checkpoint_dir, ignore_errors=True)
+    shutil.rmtree(job.out_dir, ignore_errors=True)
+    original = loop._end_of_epoch
+
+    def end_of_epoch(job_, trained, state, epoch, eval_sets, device):
+        raise _StopAfterEpoch(state)
+    loop._end_of_epoch = end_of_epoch
+    started = time.time()
+    try:
+        loop.train(job)
+        raise RuntimeError("the fine-tuning run ended without an epoch")
+    except _StopAfterEpoch as stop:
+        state = stop.state
+    finally:
+        loop._end_of_epoch = original
+        shutil.rmtree(job.checkpoint_dir, ignore_errors=True)
+    wall = time.time() - started
+    steps = state["steps"]
+    zeroshot = state["initial_eval"]["docci"]
+    infonce = [r["infonce"] for r in state["epoch_records"]]
+    return {"run_id": run_id, "lr": job.spec["recipe"]["lr"], "wall_s": wall,
+            "zeroshot_r1": {d: zeroshot[d]["R@1"] for d in ("t2i", "i2t")}, "zeroshot_n": zeroshot["n"],
+            "epoch1_saturated_frac": epoch_share(steps, 1, "saturated_frac"),
+            "epoch1_micro_batches": len(infonce),
+            "epoch1_infonce_median": float(np.median(infonce)), "epoch1_infonce_first": infonce[0],
+            "epoch1_infonce_last": infonce[-1], "logit_scale_after": steps[-1]["logit_scale"]}
+
+
+def sibling_share(reg) -> float | None:
+    from hnclip.data.loader import subset_indices
+    from hnclip.data.manifest import read_manifest
+    from hnclip.data.synthetic import family_of
+    from hnclip.report.regime import sibling_batch_share
+    from hnclip.training.loop import epoch_micro_batches
+    rows = read_manifest(reg.train_manifest("docci"), check_images=False)
+    batches = epoch_micro_batches(subset_indices(len(rows), 1.0), reg.profile["recipe"]["micro_batch"],
+                                  reg.profile["seeds"][0], 0)
+    return sibling_batch_share(batches, [family_of(row.id) for row in rows])
+
+
+# ---- one trial ---------------------------------------------------------------------------------------
+def run_trial(name: str, settings: dict, scratch: Path, out: Path) -> dict:
+    import torch
+
+    from hnclip.config.constants import PRETRAIN_ROLE
+    from hnclip.config.registry import Registry
+    from hnclip.provenance import git_state
+    started = time.time()
+    torch.set_num_threads(int(settings.get("threads", 2)))
+    scratch.mkdir(parents=True, exist_ok=True)
+    variants = apply_variants(settings)
+    config_name = model_config(settings, scratch)
+    # data: keyed by what generates it
+    probe = build_params(settings, config_name, scratch / "data" / "probe")
+    data_key = digest({"variants": variants, "docci": probe["profiles"]["tiny"]["datasets"]["docci"],
+                       "pretrain": {k: probe["backbones"][BACKBONE]["pretrain"][k] for k in ("variant", "sizes",
+                                                                                          "data_seed")}})
+    params = build_params(settings, config_name, scratch / "data" / data_key)
+    reg = Registry(params, validate=False)
+    data_s = build_data(reg, ["docci", PRETRAIN_ROLE])
+    # the pretraining depends on its own corpus only: trials that change the DOCCI-like data reuse it
+    pre_key = digest({"corpus": variants.get("pretrain"), "pretrain": params["backbones"][BACKBONE]["pretrain"],
+                      "model": settings.get("model"), "scale": settings.get("pretrain_scale"),
+                      "threads": int(settings.get("threads", 2))})
+    work = scratch / "pretrain" / pre_key
+    work.mkdir(parents=True, exist_ok=True)
+    cwd = os.getcwd()
+    os.chdir(work)  # the library's paths are relative to the project root: this is the trial's
+    try:
+        pre = pretrain(reg, settings.get("pretrain_scale"))
+        geo = geometry(reg)
+        ft = finetune_epoch1(reg)
+        siblings = sibling_share(reg)
+    finally:
+        os.chdir(cwd)
+    from hnclip.models.factory import create
+    n_params = sum(p.numel() for p in create(config_name).model.parameters())
+    record = {
+        "benchmark": "regime_sweep", "trial": name, "settings": settings,
+        "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "git": git_state(ROOT), "model_config": config_name, "model_parameters": n_params,
+        "scratch": str(work), "threads": int(settings.get("threads", 2)), "cpus": os.cpu_count(),
+        "load_average_1min": os.getloadavg()[0],
+        "wall_s": {"data": data_s, "pretrain": pre["wall_s"], "finetune_epoch1": ft["wall_s"],
+                   "trial": time.time() - started},
+        "pretrain": pre, "zeroshot_r1": ft.pop("zeroshot_r1"), "caption_geometry": geo,
+        "finetune": ft, "sibling_share": siblings,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("a") as handle:
+        handle.write(json.dumps(record) + "\n")
+    return record
+
+
+def summary(record: dict) -> str:
+    z, g, f = record["zeroshot_r1"], record["caption_geometry"], record["finetune"]
+    return (f"{record['trial']}: pretrain {record['wall_s']['pretrain']:.0f}s"
+            f"{' (reused)' if record['pretrain']['reused'] else ''}, zero-shot R@1 {z['t2i']:.1f}/{z['i2t']:.1f}, "
+            f"pairwise {g['mean_pairwise_cosine']:.3f} hardest {g['mean_hardest_negative_cosine']:.3f}, "
+            f"epoch-1 saturation {f['epoch1_saturated_frac']:.2f} (lr {f['lr']:g}), "
+            f"siblings {record['sibling_share']:.2f}, trial {record['wall_s']['trial']:.0f}s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trial", choices=sorted(TRIALS), help="a preset trial")
+    parser.add_argument("--settings", help="a JSON settings dict (with an optional 'name')")
+    parser.add_argument("--scratch", type=Path, default=Path("/tmp/regime_sweep"))
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--list", action="store_true", help="print the preset trials and exit")
+    args = parser.parse_args(argv)
+    if args.list:
+        print(json.dumps(TRIALS, indent=2))
+        return 0
+    if bool(args.trial) == bool(args.settings):
+        parser.error("give exactly one of --trial and --settings")
+    if args.trial:
+        name, settings = args.trial, copy.deepcopy(TRIALS[args.trial])
+    else:
+        settings = json.loads(args.settings)
+        name = settings.pop("name", "custom")
+    record = run_trial(name, settings, args.scratch, args.out)
+    print(summary(record), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
