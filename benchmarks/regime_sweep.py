@@ -3,6 +3,7 @@
     python benchmarks/regime_sweep.py --trial baseline          # a preset trial (see TRIALS)
     python benchmarks/regime_sweep.py --settings '{"name": "x", "ft_lr": 3e-5, "pretrain_scale": 100}'
     python benchmarks/regime_sweep.py --list
+    python benchmarks/regime_sweep.py --table                   # the results file as a Markdown table
 
 One trial overrides the `tiny` profile's params in memory (params.yaml is read, never written), builds the
 DOCCI-like benchmark and the pretraining corpus, pretrains the backbone and fine-tunes plain InfoNCE
@@ -347,6 +348,35 @@ def summary(record: dict) -> str:
             f"siblings {record['sibling_share']:.2f}, trial {record['wall_s']['trial']:.0f}s")
 
 
+def describe(record: dict) -> str:
+    """A short label of a trial's settings (what the README table lists)."""
+    s = record["settings"]
+    parts = []
+    docci, pretrain = s.get("variants", {}).get("docci", {}), s.get("variants", {}).get("pretrain", {})
+    parts.append(f"captions {docci.get('style', 'flowing')}/{pretrain.get('style', 'terse')}")
+    parts.append(f"width {s.get('model', {}).get('width', 64)}")
+    scale = s.get("pretrain_scale")
+    parts.append("scale learnable" if scale is None else f"scale fixed {scale:g}")
+    parts.append(f"{record['pretrain']['optimizer_steps']} pretraining steps")
+    fam = docci.get("family_size", 4)
+    n_train = s.get("docci_sizes", {}).get("train", 512)
+    parts.append(f"families of {fam} in {n_train}")
+    parts.append(f"FT lr {record['finetune']['lr']:g}")
+    return ", ".join(parts)
+
+
+def markdown_table(records: list[dict]) -> str:
+    lines = ["| setting | pretraining time | zero-shot R@1 T→I/I→T | pairwise / hardest cosine | "
+             "epoch-1 saturation | sibling share |", "|---|---|---|---|---|---|"]
+    for r in records:
+        z, g = r["zeroshot_r1"], r["caption_geometry"]
+        time_s = f"{r['wall_s']['pretrain']:.0f} s" + (" (reused)" if r["pretrain"]["reused"] else "")
+        lines.append(f"| {describe(r)} | {time_s} | {z['t2i']:.1f}/{z['i2t']:.1f} | "
+                     f"{g['mean_pairwise_cosine']:.2f} / {g['mean_hardest_negative_cosine']:.3f} | "
+                     f"{100 * r['finetune']['epoch1_saturated_frac']:.0f} % | {100 * r['sibling_share']:.0f} % |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trial", choices=sorted(TRIALS), help="a preset trial")
@@ -354,9 +384,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scratch", type=Path, default=Path("/tmp/regime_sweep"))
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--list", action="store_true", help="print the preset trials and exit")
+    parser.add_argument("--table", action="store_true", help="print the --out records as a Markdown table and exit")
     args = parser.parse_args(argv)
     if args.list:
         print(json.dumps(TRIALS, indent=2))
+        return 0
+    if args.table:
+        print(markdown_table([json.loads(line) for line in args.out.read_text().splitlines() if line.strip()]))
         return 0
     if bool(args.trial) == bool(args.settings):
         parser.error("give exactly one of --trial and --settings")
