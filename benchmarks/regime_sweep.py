@@ -34,10 +34,8 @@ Knobs (settings keys; all optional, absent = the profile's value):
   model           dict: width (both towers; text heads = width / 32), layers (both towers), embed_dim. The
                   script writes an extra open_clip model config under the scratch directory and registers it
                   with open_clip.add_model_config (what hnclip.models.factory does for its own configs).
-  variants        {variant: {family_size, style, word_range, n_objects}}: in-memory replacements of
-                  hnclip.data.synthetic.VARIANTS entries (the generator's code is not edited). style "simple"
-                  is a caption grammar defined HERE: an opening sentence and one templated sentence per
-                  object, no relation sentences.
+  variants        {role: {style, family_size}} for the roles docci and pretrain: merged into the role's
+                  params.yaml `generator:` entry (hnclip.data.synthetic.GENERATOR_OVERRIDES).
   docci_sizes     the DOCCI-like dataset's sizes (train / test)
   ft_lr           the fine-tuning recipe's learning rate
   threads         torch threads of every job (default 2)
@@ -51,7 +49,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import dataclasses
 import datetime
 import json
 import math
@@ -84,15 +81,17 @@ def digest(obj) -> str:
 
 
 def model_config(settings: dict, scratch: Path) -> str:
-    """The backbone's open_clip config name: the repository's, or a variant written and registered here."""
+    """The backbone's open_clip config name: params.yaml's, or a variant of it written and registered here."""
     import open_clip
+    import yaml
 
     from hnclip.models.factory import CONFIG_DIR, register_configs
     register_configs()
+    base = yaml.safe_load((ROOT / "params.yaml").read_text())["backbones"][BACKBONE]["model_config"]
     changes = settings.get("model")
     if not changes:
-        return "hnclip-tiny"
-    config = json.loads((CONFIG_DIR / "hnclip-tiny.json").read_text())
+        return base
+    config = json.loads((CONFIG_DIR / f"{base}.json").read_text())
     if "width" in changes:
         config["vision_cfg"]["width"] = config["text_cfg"]["width"] = int(changes["width"])
         config["text_cfg"]["heads"] = max(1, int(changes["width"]) // 32)
@@ -124,32 +123,12 @@ def build_params(settings: dict, config_name: str, data_root: Path) -> dict:
     backbone = params["backbones"][BACKBONE]
     backbone["model_config"] = config_name
     backbone["pretrain"] = {**backbone["pretrain"], **settings.get("pretrain", {})}
+    # caption grammar and family size: the generator's own overrides (params.yaml `generator:` entries)
+    for role, changes in settings.get("variants", {}).items():
+        entry = backbone["pretrain"] if role == "pretrain" else profile["datasets"][role]
+        entry["generator"] = {**entry.get("generator", {}), **changes}
     validate_params(params, ROOT / SCHEMA_RELPATH)
     return params
-
-
-# ---- caption grammar and families (in memory only) ----------------------------------------------------
-SIMPLE_OPENING = "{n} shapes on a {bg} background."
-SIMPLE_OBJECT = "A {size} {color} {shape} with {texture_phrase} in the {pos}."
-
-
-def _caption_simple(scene, spec, rng) -> str:
-    from hnclip.data.synthetic import NUMBER_WORDS, _capitalize, _slots
-    sentences = [SIMPLE_OPENING.format(n=NUMBER_WORDS[len(scene.objects)], bg=scene.background)]
-    sentences += [SIMPLE_OBJECT.format(**_slots(obj)) for obj in scene.objects]
-    return " ".join(_capitalize(s) for s in sentences)
-
-
-def apply_variants(settings: dict) -> dict:
-    """Replace VARIANTS entries of the generator in this process; returns what was applied."""
-    from hnclip.data import synthetic
-    synthetic.CAPTION_STYLES.setdefault("simple", _caption_simple)
-    applied = {}
-    for variant, changes in settings.get("variants", {}).items():
-        changes = {k: tuple(v) if isinstance(v, list) else v for k, v in changes.items()}
-        synthetic.VARIANTS[variant] = dataclasses.replace(synthetic.VARIANTS[variant], **changes)
-        applied[variant] = dataclasses.asdict(synthetic.VARIANTS[variant])
-    return applied
 
 
 # ---- steps -------------------------------------------------------------------------------------------
@@ -295,18 +274,17 @@ def run_trial(name: str, settings: dict, scratch: Path, out: Path) -> dict:
     started = time.time()
     torch.set_num_threads(int(settings.get("threads", 2)))
     scratch.mkdir(parents=True, exist_ok=True)
-    variants = apply_variants(settings)
     config_name = model_config(settings, scratch)
     # data: keyed by what generates it
     probe = build_params(settings, config_name, scratch / "data" / "probe")
-    data_key = digest({"variants": variants, "docci": probe["profiles"]["tiny"]["datasets"]["docci"],
-                       "pretrain": {k: probe["backbones"][BACKBONE]["pretrain"][k] for k in ("variant", "sizes",
-                                                                                          "data_seed")}})
+    data_key = digest({"docci": probe["profiles"]["tiny"]["datasets"]["docci"],
+                       "pretrain": {k: probe["backbones"][BACKBONE]["pretrain"].get(k)
+                                    for k in ("variant", "sizes", "data_seed", "generator")}})
     params = build_params(settings, config_name, scratch / "data" / data_key)
     reg = Registry(params, validate=False)
     data_s = build_data(reg, ["docci", PRETRAIN_ROLE])
     # the pretraining depends on its own corpus only: trials that change the DOCCI-like data reuse it
-    pre_key = digest({"corpus": variants.get("pretrain"), "pretrain": params["backbones"][BACKBONE]["pretrain"],
+    pre_key = digest({"pretrain": params["backbones"][BACKBONE]["pretrain"],
                       "model": settings.get("model"), "scale": settings.get("pretrain_scale"),
                       "threads": int(settings.get("threads", 2))})
     work = scratch / "pretrain" / pre_key
@@ -332,6 +310,8 @@ def run_trial(name: str, settings: dict, scratch: Path, out: Path) -> dict:
                    "trial": time.time() - started},
         "pretrain": pre, "zeroshot_r1": ft.pop("zeroshot_r1"), "caption_geometry": geo,
         "finetune": ft, "sibling_share": siblings,
+        "resolved": {"docci": params["profiles"]["tiny"]["datasets"]["docci"],
+                     "pretrain": params["backbones"][BACKBONE]["pretrain"], "width": width(config_name)},
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("a") as handle:
@@ -348,18 +328,32 @@ def summary(record: dict) -> str:
             f"siblings {record['sibling_share']:.2f}, trial {record['wall_s']['trial']:.0f}s")
 
 
+def width(config_name: str) -> int:
+    import open_clip
+
+    from hnclip.models.factory import register_configs
+    register_configs()
+    return int(open_clip.get_model_config(config_name)["text_cfg"]["width"])
+
+
 def describe(record: dict) -> str:
     """A short label of a trial's settings (what the README table lists)."""
     s = record["settings"]
     parts = []
-    docci, pretrain = s.get("variants", {}).get("docci", {}), s.get("variants", {}).get("pretrain", {})
+    if "resolved" in record:  # the params the trial ran with
+        resolved = record["resolved"]
+        docci = {"family_size": 4, **resolved["docci"].get("generator", {})}
+        pretrain, model_width = resolved["pretrain"].get("generator", {}), resolved["width"]
+        n_train = resolved["docci"]["sizes"]["train"]
+    else:  # records of the trials before the generator had overrides: the defaults of that commit
+        docci, pretrain = s.get("variants", {}).get("docci", {}), s.get("variants", {}).get("pretrain", {})
+        model_width, n_train = s.get("model", {}).get("width", 64), s.get("docci_sizes", {}).get("train", 512)
     parts.append(f"captions {docci.get('style', 'flowing')}/{pretrain.get('style', 'terse')}")
-    parts.append(f"width {s.get('model', {}).get('width', 64)}")
+    parts.append(f"width {model_width}")
     scale = s.get("pretrain_scale")
     parts.append("scale learnable" if scale is None else f"scale fixed {scale:g}")
     parts.append(f"{record['pretrain']['optimizer_steps']} pretraining steps")
     fam = docci.get("family_size", 4)
-    n_train = s.get("docci_sizes", {}).get("train", 512)
     parts.append(f"families of {fam} in {n_train}")
     parts.append(f"FT lr {record['finetune']['lr']:g}")
     return ", ".join(parts)

@@ -278,3 +278,33 @@ def test_backgrounds_render_differently():
     signatures = list(corners.values())
     assert len(signatures) >= 8
     assert min(np.abs(a - b).sum() for i, a in enumerate(signatures) for b in signatures[i + 1:]) > 5
+
+
+def test_generator_overrides_set_the_caption_style_and_family_size():
+    rows = generate_split("docci", "train", 12, seed=0, generator={"style": "simple", "family_size": 2})
+    families = defaultdict(list)
+    for row in rows:
+        families[row.family].append(row)
+    assert sorted(len(members) for members in families.values()) == [2] * 6
+    for row in rows:  # simple style: the opening, then exactly one fixed sentence per object
+        sentences = row.caption.split(". ")
+        assert len(sentences) == 1 + len(row.scene.objects)
+        assert sentences[0].endswith(f"shapes on a {row.scene.background} background")
+        for obj, sentence in zip(row.scene.objects, sentences[1:]):
+            assert sentence.lower().startswith(f"a {obj.size} {obj.color} {obj.shape} with ".lower())
+    assert max(r.member for r in generate_split("docci", "train", 12, seed=0)) == 3  # the variant's own families of 4
+
+
+def test_generator_overrides_are_part_of_the_fingerprint_and_rejected_when_unknown(tmp_path):
+    plain = dataset_fingerprint("docci", {"train": 8}, 0)["digest"]
+    simple = dataset_fingerprint("docci", {"train": 8}, 0, generator={"style": "simple"})["digest"]
+    pairs = dataset_fingerprint("docci", {"train": 8}, 0, generator={"family_size": 2})["digest"]
+    assert len({plain, simple, pairs}) == 3
+    assert dataset_fingerprint("docci", {"train": 8}, 0, generator={})["digest"] == plain
+    with pytest.raises(ValueError, match="unknown caption style 'haiku'; allowed: terse, flowing"):
+        write_dataset(tmp_path / "d", "docci", {"train": 8}, 0, generator={"style": "haiku"})
+    with pytest.raises(ValueError, match="unknown generator setting"):
+        dataset_fingerprint("docci", {"train": 8}, 0, generator={"n_objects": [1, 2]})
+    with pytest.raises(ValueError, match="family_size must be an integer from 1 to 6"):
+        generate_split("docci", "train", 8, seed=0, generator={"family_size": 9})
+    assert not (tmp_path / "d").exists()

@@ -35,6 +35,7 @@ def micro_params() -> dict:
     tiny["execution"].update(eval_batch_size=64, checkpoint_every_steps=2, keep_epoch_weights=False)
     params["backbones"]["tiny_pretrained"]["pretrain"].update(
         sizes={"train": 96, "test": 32}, epochs=1, batch_size=32, warmup_steps=0)
+    params["backbones"]["tiny_pretrained"]["model_config"] = "hnclip-tiny"  # width 64: the DAG, not the regime
     params["tables"] = {name: params["tables"][name] for name in ("table1", "table3a")}
     kept = {None, "table1", "table3a"}
     params["figures"] = {name: spec for name, spec in params["figures"].items()

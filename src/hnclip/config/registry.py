@@ -99,15 +99,17 @@ def _check_trained_only(where: str, method: dict) -> None:
 
 def pretrain_dataset(pretrain: dict) -> dict:
     """The synthetic corpus a backbone is pretrained on, as a dataset realisation."""
-    return {"kind": "synthetic", "variant": pretrain["variant"], "sizes": pretrain["sizes"],
-            "seed": pretrain["data_seed"]}
+    dataset = {"kind": "synthetic", "variant": pretrain["variant"], "sizes": pretrain["sizes"],
+               "seed": pretrain["data_seed"]}
+    return {**dataset, "generator": pretrain["generator"]} if "generator" in pretrain else dataset
 
 
 def with_generator_digest(dataset: dict) -> dict:
     if dataset["kind"] != "synthetic":
         return dataset
     from hnclip.data.synthetic import dataset_fingerprint
-    digest = dataset_fingerprint(dataset["variant"], dataset["sizes"], dataset["seed"])["digest"]
+    digest = dataset_fingerprint(dataset["variant"], dataset["sizes"], dataset["seed"],
+                                 generator=dataset.get("generator"))["digest"]
     return {**dataset, "generator_digest": digest}
 
 

@@ -560,8 +560,23 @@ def _caption_paragraph(scene: Scene, spec: VariantSpec, rng: np.random.Generator
     return _fit([opening] + body, relations, int(rng.integers(0, 3)), spec.word_range)
 
 
+# Style "simple": one fixed sentence per object, no relations and no varied wording. The regime
+# choice of the embedded default (README, "Regime exploration"): with one grammar shared by the
+# pretraining corpus and the benchmarks, the tiny backbone reaches a strong zero-shot init in minutes.
+SIMPLE_OPENING = "{n} shapes on a {bg} background."
+SIMPLE_OBJECT = "A {size} {color} {shape} with {texture_phrase} in the {pos}."
+
+
+def _caption_simple(scene: Scene, spec: VariantSpec, rng: np.random.Generator) -> str:
+    sentences = [SIMPLE_OPENING.format(n=NUMBER_WORDS[len(scene.objects)], bg=scene.background)]
+    sentences += [SIMPLE_OBJECT.format(**_slots(obj)) for obj in scene.objects]
+    return " ".join(_capitalize(s) for s in sentences)
+
+
 CAPTION_STYLES = {"terse": _caption_terse, "flowing": _caption_flowing,
-                  "regions": _caption_regions, "paragraph": _caption_paragraph}
+                  "regions": _caption_regions, "paragraph": _caption_paragraph, "simple": _caption_simple}
+# What params.yaml may change of a variant (a synthetic dataset's `generator:` entry).
+GENERATOR_OVERRIDES = ("style", "family_size")
 
 
 def _captions(scene: Scene, spec: VariantSpec, caption_seed: np.random.SeedSequence,
@@ -579,10 +594,25 @@ def _captions(scene: Scene, spec: VariantSpec, caption_seed: np.random.SeedSeque
 # Splits
 # ---------------------------------------------------------------------------------------------
 
-def _check_variant_split(variant: str, split: str | None = None) -> VariantSpec:
+def variant_spec(variant: str, generator: dict | None = None) -> VariantSpec:
+    """A variant's spec with params.yaml's `generator` overrides (caption style, family size) applied."""
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; allowed: {', '.join(VARIANTS)}")
-    spec = VARIANTS[variant]
+    generator = dict(generator or {})
+    unknown = sorted(set(generator) - set(GENERATOR_OVERRIDES))
+    if unknown:
+        raise ValueError(f"unknown generator setting(s) {unknown}; allowed: {', '.join(GENERATOR_OVERRIDES)}")
+    if "style" in generator and generator["style"] not in CAPTION_STYLES:
+        raise ValueError(f"unknown caption style {generator['style']!r}; allowed: {', '.join(CAPTION_STYLES)}")
+    family_size = generator.get("family_size", 1)
+    if not isinstance(family_size, int) or not 1 <= family_size <= len(EDIT_KINDS) + 1:
+        raise ValueError(f"family_size must be an integer from 1 to {len(EDIT_KINDS) + 1} (a base scene and "
+                         f"one scene per edit kind), got {family_size!r}")
+    return dataclasses.replace(VARIANTS[variant], **generator)
+
+
+def _check_variant_split(variant: str, split: str | None = None, generator: dict | None = None) -> VariantSpec:
+    spec = variant_spec(variant, generator)
     if split is not None and split not in spec.splits:
         raise ValueError(f"unknown split {split!r} for variant {variant!r}; allowed: {', '.join(spec.splits)}")
     return spec
@@ -612,9 +642,10 @@ def _spread_families(families: list[int], rng: np.random.Generator) -> list[int]
     return order
 
 
-def generate_split(variant: str, split: str, n_images: int, seed: int, image_size: int = 64) -> list[Sample]:
+def generate_split(variant: str, split: str, n_images: int, seed: int, image_size: int = 64,
+                   generator: dict | None = None) -> list[Sample]:
     """The first `n_images` rows of a split, in manifest (shuffled) order."""
-    spec = _check_variant_split(variant, split)
+    spec = _check_variant_split(variant, split, generator)
     if n_images < 1:
         raise ValueError(f"n_images must be positive, got {n_images}")
     if image_size < 24:
@@ -641,8 +672,8 @@ def generate_split(variant: str, split: str, n_images: int, seed: int, image_siz
 # Writing datasets
 # ---------------------------------------------------------------------------------------------
 
-def _check_sizes(variant: str, sizes: dict[str, int]) -> VariantSpec:
-    spec = _check_variant_split(variant)
+def _check_sizes(variant: str, sizes: dict[str, int], generator: dict | None = None) -> VariantSpec:
+    spec = _check_variant_split(variant, generator=generator)
     if not sizes:
         raise ValueError(f"no splits requested for {variant!r}; allowed: {', '.join(spec.splits)}")
     for split, n in sizes.items():
@@ -674,14 +705,15 @@ def _replace_dir(built: Path, target: Path) -> None:
 
 
 def write_dataset(out_dir: str | Path, variant: str, sizes: dict[str, int], seed: int,
-                  image_size: int = 64) -> dict[str, Path]:
+                  image_size: int = 64, generator: dict | None = None) -> dict[str, Path]:
     """Write out_dir/images/<id>.png and out_dir/<split>.jsonl for each split; returns {split: manifest}.
 
     For dci, requesting "test" also writes "test_long" (Long-DCI: the same images with full-length
-    captions). The directory is built next to out_dir and renamed into place, so readers never see
-    a half-written dataset; rerunning replaces it.
+    captions). `generator` overrides the variant's caption style and family size. The directory is
+    built next to out_dir and renamed into place, so readers never see a half-written dataset;
+    rerunning replaces it.
     """
-    spec = _check_sizes(variant, sizes)
+    spec = _check_sizes(variant, sizes, generator)
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     building = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".part", dir=out_dir.parent))
@@ -689,7 +721,7 @@ def write_dataset(out_dir: str | Path, variant: str, sizes: dict[str, int], seed
         (building / "images").mkdir()
         for split, n in _splits_to_write(spec, sizes).items():
             rows = []
-            for sample in generate_split(variant, split, n, seed, image_size):
+            for sample in generate_split(variant, split, n, seed, image_size, generator):
                 image_path = building / "images" / f"{sample.id}.png"
                 png = encode_png(sample.image)
                 if not image_path.exists():  # test_long shares the test images
@@ -705,9 +737,10 @@ def write_dataset(out_dir: str | Path, variant: str, sizes: dict[str, int], seed
     return {split: out_dir / f"{split}.jsonl" for split in _splits_to_write(spec, sizes)}
 
 
-def dataset_fingerprint(variant: str, sizes: dict[str, int], seed: int, image_size: int = 64) -> dict:
+def dataset_fingerprint(variant: str, sizes: dict[str, int], seed: int, image_size: int = 64,
+                        generator: dict | None = None) -> dict:
     """Everything that determines a written dataset, for provenance; `digest` hashes the rest."""
-    spec = _check_sizes(variant, sizes)
+    spec = _check_sizes(variant, sizes, generator)
     described = {
         "generator": f"{__name__}@{GENERATOR_VERSION}",
         "variant": variant,

@@ -31,8 +31,9 @@ def build_dataset(reg: Registry, role: str) -> dict[str, Path]:
     started = time.time()
     if spec["kind"] == "synthetic":
         from hnclip.data.synthetic import dataset_fingerprint, write_dataset
-        manifests = write_dataset(out_dir, spec["variant"], spec["sizes"], spec["seed"])
-        extra = {"generator": dataset_fingerprint(spec["variant"], spec["sizes"], spec["seed"])}
+        generator = spec.get("generator")
+        manifests = write_dataset(out_dir, spec["variant"], spec["sizes"], spec["seed"], generator=generator)
+        extra = {"generator": dataset_fingerprint(spec["variant"], spec["sizes"], spec["seed"], generator=generator)}
     else:
         from hnclip.data.download import download_dataset
         from hnclip.data.real import BUILDERS
