@@ -7,6 +7,7 @@ import subprocess
 
 import pandas as pd
 import pytest
+import yaml
 from helpers.micro_project import copy_project
 
 from hnclip.errors import UnknownNameError
@@ -195,9 +196,11 @@ def _edit_test_manifest(proj) -> dict:
 def _change_lr(proj) -> dict:
     params = proj / "params.yaml"
     text = params.read_text()
-    assert text.count("lr: 0.0001\n") == 1
-    params.write_text(text.replace("lr: 0.0001\n", "lr: 0.0002\n"))
-    return {"path": "params.yaml", "artifact": TABLE, "message": "recipe.lr: 0.0001 -> 0.0002",
+    lr = yaml.safe_load(text)["profiles"]["tiny"]["recipe"]["lr"]
+    line = yaml.safe_dump({"lr": lr})   # as the project's params.yaml was written (safe_dump)
+    assert text.count(line) == 1
+    params.write_text(text.replace(line, yaml.safe_dump({"lr": 2 * lr})))
+    return {"path": "params.yaml", "artifact": TABLE, "message": f"recipe.lr: {lr} -> {2 * lr}",
             "also": [("dvc.lock", "params.yaml")]}
 
 
