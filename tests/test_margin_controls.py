@@ -406,6 +406,32 @@ def test_the_table_reports_the_controls_and_the_probes_exact_zeros(params, in_pr
     assert f"probe:{probed['docci']}" in record["inputs"]
 
 
+def test_with_two_seeds_each_probed_run_has_its_own_row(params, in_project, tmp_path, monkeypatch):
+    """tiny_seeds probes the HN-CLIP run of each seed: one band row per run, named by its seed."""
+    reg = Registry({**params, "profile": "tiny_seeds"})
+    monkeypatch.chdir(tmp_path)
+    for cell in reg.cells("tableX1"):
+        path = paths.evaluation(cell.run_id, cell.benchmark)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(fake_evaluation(cell.run_id, cell.benchmark, 50.0 + cell.seed - 42)))
+    probed = reg.probe_cells("tableX1")
+    assert sorted((c.benchmark, c.seed) for c in probed) == [("dci", 42), ("dci", 43), ("docci", 42), ("docci", 43)]
+    for cell in probed:  # seed 42: one probe with a zero fp32 loss out of 2; seed 43: none out of 3
+        rows = [{"clip_loss": 0.0 if (cell.seed == 42 and i == 0) else 0.5, "clip_grad_norm_fp32": 1e-3,
+                 "clip_grad_exactly_zero": False, "clip_bf16_grad_exactly_zero": False}
+                for i in range(2 if cell.seed == 42 else 3)]
+        log = paths.run_dir(cell.run_id) / "grad_probe.jsonl"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    build.build_table(reg, "tableX1")
+    md = paths.table("tableX1", "md").read_text()
+    assert "| HN-CLIP, DOCCI run, seed 42 | 2 | 50.0 | 0.0 | 0.0 | 0.0 |" in md
+    assert "| HN-CLIP, DOCCI run, seed 43 | 3 | 0.0 | 0.0 | 0.0 | 0.0 |" in md
+    assert "| HN-CLIP, DCI run, seed 43 | 3 |" in md
+    r1 = pd.read_csv(paths.table("tableX1", "csv")).query("metric == 'R@1' and direction == 't2i'")
+    assert set(r1["n_seeds"]) == {2} and set(r1["ours_mean"] - r1["ours_min"]) == {0.5}
+
+
 def test_the_committed_params_validate_with_the_controls(params):
     validate_params(params)
     assert yaml.safe_load((ROOT / "params.yaml").read_text())["profiles"]["tiny"]["optional_tables"] == ["tableX1"]

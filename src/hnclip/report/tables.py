@@ -248,7 +248,7 @@ def probe_frame(reg: Registry, table: str) -> pd.DataFrame:
                          "status": "ok" if records else NOT_PROBED, "selection": spec["selection"],
                          "column": column_key(cell.benchmark, PROBE_DIRECTION, metric), "paper": math.nan,
                          "delta": math.nan, "best_ours": False, "best_paper": False, "run_id": cell.run_id,
-                         "n_probes": count})
+                         "seed": cell.seed, "n_probes": count})
     return pd.DataFrame(rows)
 
 
@@ -260,7 +260,8 @@ def _probe_band(reg: Registry, frame: pd.DataFrame) -> Band | None:
     columns = [Column(header, ("% of probed batches",) if metric != PROBE_COUNT else ())
                for metric, header in PROBE_HEADERS.items()]
     rows = []
-    for (row, benchmark), group in probes.groupby(["row", "benchmark"], sort=False):
+    several_seeds = probes["seed"].nunique() > 1  # one band row per probed run: each seed its own
+    for (row, benchmark, seed), group in probes.groupby(["row", "benchmark", "seed"], sort=False):
         values = group.set_index("metric")
         cells = []
         for metric in PROBE_HEADERS:
@@ -272,7 +273,8 @@ def _probe_band(reg: Registry, frame: pd.DataFrame) -> Band | None:
             else:
                 digits = 0 if metric == PROBE_COUNT else 1
                 cells.append(Cell(f"{entry['ours_mean']:.{digits}f}"))
-        rows.append((f"{group['label'].iloc[0]}, {names.get(benchmark, benchmark)} run", cells))
+        seed_note = f", seed {int(seed)}" if several_seeds else ""  # a float once concatenated with NaN
+        rows.append((f"{group['label'].iloc[0]}, {names.get(benchmark, benchmark)} run{seed_note}", cells))
     return Band(columns, [Block(None, rows)])
 
 
