@@ -54,6 +54,21 @@ def test_killed_run_resumes_to_identical_result(tiny_data, tmp_path):
     assert [h["weights_sha256"] for h in resumed["history"]] == [h["weights_sha256"] for h in reference["history"]]
 
 
+def test_a_finished_run_rerun_to_probe_its_gradients_trains_again_and_probes(tiny_data, tmp_path, capsys):
+    """Snakemake reruns a run whose probe setting changed (tiny -> tiny_seeds); its resume checkpoint
+    is at the last step, so resuming would record no probe: it trains afresh, to the same weights."""
+    job = make_job(tiny_data, tmp_path)
+    first = train(job)
+    assert not (job.out_dir / "grad_probe.jsonl").exists()  # not probed
+    job.execution = {**EXECUTION, "grad_probe_every": 1}
+    again = train(job)
+    assert "training afresh" in capsys.readouterr().err and again["resumed_from_step"] is None
+    probes = (job.out_dir / "grad_probe.jsonl").read_text().splitlines()
+    assert len(probes) == again["optimizer_steps"] == 6
+    assert again["final_weights_sha256"] == first["final_weights_sha256"]
+    assert train(job)["resumed_from_step"] == 6  # same settings: the checkpoint is used
+
+
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(tiny_data, tmp_path, monkeypatch):
     import hnclip.training.methods as train_module  # where the loop's micro-batch terms come from
     real_terms = train_module.loss_terms

@@ -3,6 +3,7 @@ position and RNG state, written atomically to .cache/checkpoints/<run>/last.pt (
 Snakemake's outputs, so a failed job keeps it)."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import torch
@@ -30,8 +31,14 @@ def save_checkpoint(checkpoint_dir: Path, spec_hash: str, trained: TrainedModel,
         torch.save(payload, tmp)
 
 
-def load_checkpoint(checkpoint_dir: Path, spec_hash: str, trained: TrainedModel, optimizer) -> dict | None:
-    """Restore weights, optimizer and RNG in place; returns the loop state, or None without a checkpoint."""
+def load_checkpoint(checkpoint_dir: Path, spec_hash: str, trained: TrainedModel, optimizer,
+                    records: dict | None = None) -> dict | None:
+    """Restore weights, optimizer and RNG in place; returns the loop state, or None without a checkpoint.
+
+    `records`: the settings that shape the run's records but not its weights (per-epoch evaluation,
+    gradient probe, timed costs). A checkpoint written under other ones cannot give the records now
+    asked for (a finished run resumed would probe nothing), so it is not resumed: None, and the run
+    trains afresh to the same weights (`state["records"]` holds them; older checkpoints lack them)."""
     path = checkpoint_path(checkpoint_dir)
     if not path.exists():
         return None
@@ -39,6 +46,10 @@ def load_checkpoint(checkpoint_dir: Path, spec_hash: str, trained: TrainedModel,
     if payload["spec_hash"] != spec_hash:
         raise StaleArtifactError(f"{path} belongs to a different run spec ({payload['spec_hash'][:8]} != "
                                  f"{spec_hash[:8]}); delete {checkpoint_dir} to start this run afresh")
+    if records is not None and payload["state"].get("records") != records:
+        print(f"{path}: written with other record settings (evaluation, gradient probe or timed costs) than "
+              f"this run asks for; training afresh (same spec, so the same weights)", file=sys.stderr)
+        return None
     trained.restore(payload, path)
     optimizer.load_state_dict(payload["optimizer"])
     torch.set_rng_state(payload["rng"])

@@ -153,6 +153,16 @@ def effective_precision(device: torch.device, requested: str) -> str:
     return "bf16" if requested == "bf16" and device.type in AUTOCAST_DEVICE_TYPES else "fp32"
 
 
+def record_settings(job: TrainJob) -> dict:
+    """What the run's records depend on beyond its spec (the train rule's other params): a resume
+    checkpoint is used only under the same ones."""
+    execution = job.execution
+    return {"evaluation": job.evaluation, "eval_manifests": sorted(job.eval_manifests),
+            "grad_probe_every": int(execution.get("grad_probe_every", 0) or 0),
+            "grad_probe_precision": execution.get("grad_probe_precision", "fp32"),
+            "cost_only_steps": execution.get("cost_only_steps")}
+
+
 def _fresh_state() -> dict:
     return {"epoch": 0, "group": 0, "step": 0, "history": [], "steps": [], "epoch_records": [], "grad_probe": []}
 
@@ -360,7 +370,9 @@ def _train(job: TrainJob, distributed: Distributed) -> dict:
     compute_batch = execution.get("compute_batch", micro) if mode == "compute" else micro
     probe = GradientProbe.from_settings(execution, objective) if method.encodes_plain_pairs else None
 
-    state = load_checkpoint(job.checkpoint_dir, job.spec_hash, trained, optimizer) or _fresh_state()
+    records = record_settings(job)
+    state = load_checkpoint(job.checkpoint_dir, job.spec_hash, trained, optimizer, records) or _fresh_state()
+    state["records"] = records
     state.setdefault("grad_probe", [])
     timers = state.setdefault("timers", {"eval_s": 0.0, "probe_s": 0.0, "train_s": 0.0})
     resumed_from = state["step"] if state["step"] else None
