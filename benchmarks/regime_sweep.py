@@ -340,11 +340,13 @@ def describe(record: dict) -> str:
     """A short label of a trial's settings (what the README table lists)."""
     s = record["settings"]
     parts = []
-    if "resolved" in record:  # the params the trial ran with
+    if "resolved" in record:  # the params the trial ran with, through the generator's own defaults
+        from hnclip.data.synthetic import variant_spec
         resolved = record["resolved"]
-        docci = {"family_size": 4, **resolved["docci"].get("generator", {})}
-        pretrain, model_width = resolved["pretrain"].get("generator", {}), resolved["width"]
-        n_train = resolved["docci"]["sizes"]["train"]
+        docci_spec = variant_spec("docci", resolved["docci"].get("generator"))
+        docci = {"style": docci_spec.style, "family_size": docci_spec.family_size}
+        pretrain = {"style": variant_spec("pretrain", resolved["pretrain"].get("generator")).style}
+        model_width, n_train = resolved["width"], resolved["docci"]["sizes"]["train"]
     else:  # records of the trials before the generator had overrides: the defaults of that commit
         docci, pretrain = s.get("variants", {}).get("docci", {}), s.get("variants", {}).get("pretrain", {})
         model_width, n_train = s.get("model", {}).get("width", 64), s.get("docci_sizes", {}).get("train", 512)
