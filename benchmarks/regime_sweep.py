@@ -31,7 +31,8 @@ Knobs (settings keys; all optional, absent = the profile's value):
                   is fixed at that value. The trainer has no such option, so THIS SCRIPT implements it: the
                   scratch model's logit_scale is set to ln(value) and frozen (requires_grad False, so AdamW
                   never sees it) before pretraining.
-  model           dict: width (both towers; text heads = width / 32), layers (both towers), embed_dim. The
+  model           dict: width (both towers; text heads = width / 32), layers (both towers), patch_size
+                  (the image tower's; the tokens per image are (image_size / patch_size)^2 + 1), embed_dim. The
                   script writes an extra open_clip model config under the scratch directory and registers it
                   with open_clip.add_model_config (what hnclip.models.factory does for its own configs).
   variants        {role: {style, family_size}} for the roles docci and pretrain: merged into the role's
@@ -69,6 +70,9 @@ TRIALS: dict[str, dict] = {
     "baseline": {},
     "fixed100_pre20": {"pretrain_scale": 100.0, "pretrain": {"epochs": 20}},
     "w128": {"model": {"width": 128}},
+    # cheaper image tower (16 tokens per image instead of 64) and fewer layers: the budget (issue 11)
+    "adopted_patch16": {"model": {"patch_size": 16}, "threads": 1},
+    "adopted_patch16_l3": {"model": {"patch_size": 16, "layers": 3}, "threads": 1},
     "simple_w128": {"model": {"width": 128}, "variants": SIMPLE},
     "simple_w128_fixed100": {"model": {"width": 128}, "pretrain_scale": 100.0, "variants": SIMPLE},
 }
@@ -97,6 +101,8 @@ def model_config(settings: dict, scratch: Path) -> str:
         config["text_cfg"]["heads"] = max(1, int(changes["width"]) // 32)
     if "layers" in changes:
         config["vision_cfg"]["layers"] = config["text_cfg"]["layers"] = int(changes["layers"])
+    if "patch_size" in changes:
+        config["vision_cfg"]["patch_size"] = int(changes["patch_size"])
     if "embed_dim" in changes:
         config["embed_dim"] = int(changes["embed_dim"])
     name = f"hnclip-sweep-{digest(config)}"
@@ -311,7 +317,8 @@ def run_trial(name: str, settings: dict, scratch: Path, out: Path) -> dict:
         "pretrain": pre, "zeroshot_r1": ft.pop("zeroshot_r1"), "caption_geometry": geo,
         "finetune": ft, "sibling_share": siblings,
         "resolved": {"docci": params["profiles"]["tiny"]["datasets"]["docci"],
-                     "pretrain": params["backbones"][BACKBONE]["pretrain"], "width": width(config_name)},
+                     "pretrain": params["backbones"][BACKBONE]["pretrain"], "width": width(config_name),
+                     "model": model_shape(config_name)},
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("a") as handle:
@@ -326,6 +333,15 @@ def summary(record: dict) -> str:
             f"pairwise {g['mean_pairwise_cosine']:.3f} hardest {g['mean_hardest_negative_cosine']:.3f}, "
             f"epoch-1 saturation {f['epoch1_saturated_frac']:.2f} (lr {f['lr']:g}), "
             f"siblings {record['sibling_share']:.2f}, trial {record['wall_s']['trial']:.0f}s")
+
+
+def model_shape(config_name: str) -> dict:
+    """Width, layers per tower and patch size of a model config (what the README table lists)."""
+    import open_clip
+    config = open_clip.get_model_config(config_name)
+    vision, text = config["vision_cfg"], config["text_cfg"]
+    return {"width": text["width"], "text_layers": text["layers"], "vision_layers": vision["layers"],
+            "patch_size": vision["patch_size"], "image_size": vision["image_size"]}
 
 
 def width(config_name: str) -> int:
@@ -351,7 +367,12 @@ def describe(record: dict) -> str:
         docci, pretrain = s.get("variants", {}).get("docci", {}), s.get("variants", {}).get("pretrain", {})
         model_width, n_train = s.get("model", {}).get("width", 64), s.get("docci_sizes", {}).get("train", 512)
     parts.append(f"captions {docci.get('style', 'flowing')}/{pretrain.get('style', 'terse')}")
-    parts.append(f"width {model_width}")
+    shape = record.get("resolved", {}).get("model")
+    if shape and (shape["patch_size"], shape["text_layers"], shape["vision_layers"]) != (8, 4, 4):
+        parts.append(f"width {model_width}, {shape['vision_layers']}+{shape['text_layers']} layers, "
+                     f"patch {shape['patch_size']}")
+    else:
+        parts.append(f"width {model_width}")
     scale = s.get("pretrain_scale")
     parts.append("scale learnable" if scale is None else f"scale fixed {scale:g}")
     parts.append(f"{record['pretrain']['optimizer_steps']} pretraining steps")
