@@ -21,7 +21,7 @@ rule pretrain_backbone:
     # Its cores are its own (Snakemake reserves them), so its OpenMP threads may spin between
     # parallel regions (faster than hnclip's default passive wait, which matters when jobs share cores).
     shell:
-        f"OMP_WAIT_POLICY=ACTIVE {HNCLIP} --threads {{threads}} pretrain --backbone {{wildcards.backbone}} > {{log}} 2>&1"
+        f"OMP_WAIT_POLICY=ACTIVE {HNCLIP_PLAIN} --threads {{threads}} pretrain --backbone {{wildcards.backbone}} > {{log}} 2>&1"
 
 
 rule download_longclip:

@@ -23,7 +23,11 @@ TIMING_TABLE = REG.derived_table("timing")
 # The HTML report (`snakemake --report`) groups tables and figures by the paper section they belong to.
 GEOMETRY_SECTION = config["derived_tables"][CAPTION_GEOMETRY_TABLE]["section"]
 TIMING_SECTION = config["derived_tables"][TIMING_TABLE]["section"]
-HNCLIP = f"{shlex.quote(sys.executable)} -m hnclip --profile {PROFILE}"
+# Short jobs fork from a warm server that imported torch once (execution.process_reuse; any failure
+# runs the job in its own process); one long job (pretraining) gains nothing and starts plainly.
+HNCLIP_PLAIN = f"{shlex.quote(sys.executable)} -m hnclip --profile {PROFILE}"
+HNCLIP = (f"{shlex.quote(sys.executable)} -m hnclip.runtime.warm --profile {PROFILE}"
+          if EXECUTION.get("process_reuse") else HNCLIP_PLAIN)
 USES_GPU = 0 if EXECUTION["device"] == "cpu" else 1
 # Several GPUs per run: torchrun starts one process per GPU; losses gather features across them.
 GPUS_PER_RUN = EXECUTION.get("gpus_per_run", 1)
