@@ -87,3 +87,39 @@ def test_the_selection_metric_decides_the_best_epoch():
         registry = SimpleNamespace(params={"evaluation": {"selection_metric": metric}})
         chosen = evaluate_step._select(registry, record, "docci")
         assert chosen["best"]["epoch"] == epoch and chosen["best"]["weights_sha256"] == f"w{epoch}"
+
+
+def test_test_set_encoding_matches_per_item_features(tiny_data, tiny_state, one_thread):
+    """Captions are encoded in length order (and images once per set of weights), yet every feature is
+    the one open_clip's own encoders give that item, in manifest order; a split showing the same images
+    (Long-DCI's re-described DCI test images) reuses the image features instead of encoding them again."""
+    from helpers.batches import tiny_model
+
+    from hnclip.data.loader import PairDataset
+    from hnclip.evaluation import retrieval
+    from hnclip.models.factory import create
+    backbone, model = create("hnclip-tiny"), tiny_model(tiny_state).eval()
+    data = PairDataset.from_manifest(tiny_data["test"], backbone.preprocess, backbone.tokenizer)
+    lengths = data.tokens.argmax(dim=-1)
+    assert lengths.unique().numel() > 3  # captions of many lengths: the length order is not the manifest's
+    img, txt = retrieval.encode_dataset(model, data, batch_size=5)
+    with torch.no_grad():
+        expected_txt = torch.nn.functional.normalize(model.encode_text(data.tokens), dim=-1)
+        expected_img = torch.nn.functional.normalize(
+            model.encode_image(torch.stack([data.image(i) for i in range(len(data))])), dim=-1)
+    torch.testing.assert_close(txt, expected_txt, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(img, expected_img, rtol=1e-5, atol=1e-5)
+
+    encoded = []
+    real = retrieval.encode_images
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(retrieval, "encode_images", lambda *a, **k: encoded.append(1) or real(*a, **k))
+    try:
+        shared: dict = {}
+        first = retrieval.evaluate_model(model, data, (1, 5), "pessimistic", 8, image_features=shared)
+        again = retrieval.evaluate_model(model, data, (1, 5), "pessimistic", 8, image_features=shared)
+        alone = retrieval.evaluate_model(model, data, (1, 5), "pessimistic", 8)
+    finally:
+        monkey.undo()
+    assert len(encoded) == 2  # the shared call reused the first call's image features; the lone one encoded
+    assert first == again == alone

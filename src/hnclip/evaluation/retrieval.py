@@ -8,24 +8,56 @@ ground-truth score is tied with another candidate is recorded either way.
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from hnclip.models.towers import encode_image, encode_text
 
 
-@torch.no_grad()
-def encode_dataset(model, dataset, batch_size: int = 256, device: str | torch.device = "cpu"):
-    """Return (image_features, text_features), fp32, L2-normalized, in manifest order."""
+@contextlib.contextmanager
+def _eval_mode(model):
     was_training = model.training
     model.eval()
-    images, texts = [], []
-    for start in range(0, len(dataset), batch_size):
-        idx = range(start, min(start + batch_size, len(dataset)))
-        img, tok = dataset.batch(idx)
-        images.append(encode_image(model, img.to(device)).float().cpu())
-        texts.append(encode_text(model, tok.to(device)).float().cpu())
-    model.train(was_training)
-    return torch.cat(images), torch.cat(texts)
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
+@torch.no_grad()
+def encode_images(model, dataset, batch_size: int = 256, device: str | torch.device = "cpu") -> torch.Tensor:
+    """Image features of a test split, fp32, L2-normalized, in manifest order."""
+    with _eval_mode(model):
+        return torch.cat([encode_image(model, torch.stack([dataset.image(i) for i in range(start, stop)]).to(device))
+                          .float().cpu() for start, stop in _spans(len(dataset), batch_size)])
+
+
+@torch.no_grad()
+def encode_texts(model, dataset, batch_size: int = 256, device: str | torch.device = "cpu") -> torch.Tensor:
+    """Caption features of a test split, fp32, L2-normalized, in manifest order. Captions are encoded
+    in order of length, so each batch is trimmed to captions of similar length (the causal text
+    tower makes a caption's features independent of the padding it is batched with)."""
+    lengths = dataset.tokens.argmax(dim=-1)  # the EOT position (the highest id)
+    order = torch.argsort(lengths, stable=True)
+    features = None
+    with _eval_mode(model):
+        for start, stop in _spans(len(dataset), batch_size):
+            chunk = order[start:stop]
+            encoded = encode_text(model, dataset.tokens[chunk].to(device)).float().cpu()
+            if features is None:
+                features = torch.empty(len(dataset), encoded.shape[1])
+            features[chunk] = encoded
+    return features
+
+
+def _spans(n: int, batch_size: int) -> list[tuple[int, int]]:
+    return [(start, min(start + batch_size, n)) for start in range(0, n, batch_size)]
+
+
+def encode_dataset(model, dataset, batch_size: int = 256, device: str | torch.device = "cpu"):
+    """Return (image_features, text_features), fp32, L2-normalized, in manifest order."""
+    return encode_images(model, dataset, batch_size, device), encode_texts(model, dataset, batch_size, device)
 
 
 def ranks_of_positives(scores: torch.Tensor, tie_rule: str = "pessimistic") -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,6 +91,17 @@ def recall_at_k(image_features: torch.Tensor, text_features: torch.Tensor, ks=(1
     return result
 
 
-def evaluate_model(model, dataset, ks, tie_rule, batch_size=256, device="cpu") -> dict:
-    img, txt = encode_dataset(model, dataset, batch_size, device)
-    return recall_at_k(img, txt, ks, tie_rule)
+def evaluate_model(model, dataset, ks, tie_rule, batch_size=256, device="cpu",
+                   image_features: dict | None = None) -> dict:
+    """Recall@K of `model` on a test split. `image_features`, a dict shared by the calls of one set of
+    weights, holds the image encodings already computed, keyed by the split's image files: a split
+    that shows the same images in the same order (Long-DCI re-describes DCI's test images) reuses
+    them instead of encoding them again."""
+    key = tuple(row.image for row in dataset.rows)
+    if image_features is not None and key in image_features:
+        img = image_features[key]
+    else:
+        img = encode_images(model, dataset, batch_size, device)
+        if image_features is not None:
+            image_features[key] = img
+    return recall_at_k(img, encode_texts(model, dataset, batch_size, device), ks, tie_rule)

@@ -64,4 +64,4 @@ def pretrain_job(reg: Registry, name: str):
         eval_manifests={"pretrain_test": paths.manifest(data_root, PRETRAIN_ROLE, "test")},
         out_dir=paths.backbone_dir(name), checkpoint_dir=paths.checkpoint_dir(f"backbone-{name}"),
         execution={**reg.profile["execution"], "keep_epoch_weights": False, "grad_probe_every": 0},
-        evaluation=reg.params["evaluation"])
+        evaluation=reg.params["evaluation"], evaluate_epochs="last")  # on the critical path: one evaluation

@@ -78,6 +78,9 @@ class TrainJob:
     eval_cache_dir: Path | None = None   # where initial-weight evaluations are shared between runs (None: not)
     # keep the weights of the epoch selected on this benchmark (model_selected.pt; None: keep none)
     selection_benchmark: str | None = None
+    # every: evaluate after every epoch (fine-tuning: selection, convergence figures); last: after the
+    # last epoch only (backbone pretraining, whose record reports only its final score)
+    evaluate_epochs: str = "every"
 
 
 # ---- pieces ------------------------------------------------------------------------------------
@@ -221,8 +224,9 @@ def _summarise_epoch(records: list[dict]) -> dict:
 
 
 def _evaluate_all(model, eval_sets: dict, job: TrainJob, device) -> dict:
+    image_features: dict = {}  # DCI and Long-DCI share their test images: encoded once per set of weights
     return {name: evaluate_model(model, data, job.evaluation["recall_ks"], job.evaluation["tie_rule"],
-                                 job.execution["eval_batch_size"], device)
+                                 job.execution["eval_batch_size"], device, image_features=image_features)
             for name, data in eval_sets.items()}
 
 
@@ -247,8 +251,10 @@ def _end_of_epoch(job: TrainJob, trained: TrainedModel, state: dict, epoch: int,
     exported = trained.export()
     if job.execution.get("keep_epoch_weights"):
         save_weights(exported, job.model_config, job.checkpoint_dir / f"epoch_{epoch + 1:02d}.pt")
+    evaluated = job.evaluate_epochs == "every" or epoch + 1 == job.spec["recipe"]["epochs"]
     entry = {"epoch": epoch + 1, "step": state["step"], "train": _summarise_epoch(state["epoch_records"]),
-             "eval": _evaluate_all(exported, eval_sets, job, device), "weights_sha256": weights_digest(exported)}
+             "eval": _evaluate_all(exported, eval_sets, job, device) if evaluated else {},
+             "weights_sha256": weights_digest(exported)}
     if _selected_epoch(job, state["history"] + [entry]) == entry["epoch"]:
         # A new best: written before the resume checkpoint that commits this epoch, and the previous
         # best's file is removed only after that commit (_prune_selected), so a kill never loses both.
