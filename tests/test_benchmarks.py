@@ -12,6 +12,7 @@ import torch
 
 # The scripts import each other by module name, as when run from benchmarks/.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+command1_costs = importlib.import_module("command1_costs")
 recall_large = importlib.import_module("recall_large")
 throughput = importlib.import_module("throughput")
 token_memory = importlib.import_module("token_memory")
@@ -96,3 +97,47 @@ def test_recall_large_record(tmp_path):
     assert_environment(record)
     assert (record["n"], record["dim"], record["goal_s"]) == (500, 768, 1.0)
     assert record["median_s"] > 0 and record["meets_goal"] == (record["median_s"] <= 1.0)
+
+
+def _benchmark_file(path: Path, seconds: float) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("s\th:m:s\tmax_rss\n" f"{seconds}\t0:00:00\t10.0\n")
+
+
+def _train_record(project: Path, run: str, framework: str, train_s: float, eval_s: float, probe_s: float,
+                  micro_batches: list[int]) -> None:
+    path = project / "results" / "runs" / run / "train.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"wall_time_s": 1.0, "history": [{"train": {"micro_batches": n}} for n in micro_batches],
+                                "training": {"framework": framework,
+                                             "timing_s": {"train_s": train_s, "eval_s": eval_s, "probe_s": probe_s}}}))
+
+
+def test_command1_costs_splits_job_time_and_bounds_the_cold_run(tmp_path):
+    """Job seconds per stage from the Snakemake benchmark files, each training job split by its own record
+    (a probe is timed inside its optimizer step), and the bound: pretraining + step seconds / cores."""
+    project = tmp_path / "proj"
+    _benchmark_file(project / "logs" / "backbones" / "tiny_pretrained.benchmark.tsv", 300.0)
+    _benchmark_file(project / "logs" / "train" / "a.benchmark.tsv", 50.0)
+    _benchmark_file(project / "logs" / "train" / "b.benchmark.tsv", 100.0)
+    _benchmark_file(project / "logs" / "evals" / "a" / "docci.benchmark.tsv", 2.0)
+    _benchmark_file(project / "logs" / "tiny" / "auxiliary" / "docci.segments.benchmark.tsv", 7.0)
+    _benchmark_file(project / "logs" / "tiny" / "claims.benchmark.tsv", 1.0)
+    _train_record(project, "a", "full", train_s=40.0, eval_s=6.0, probe_s=10.0, micro_batches=[32, 32])
+    _train_record(project, "b", "goal", train_s=80.0, eval_s=12.0, probe_s=0.0, micro_batches=[32, 32])
+    out = tmp_path / "costs.jsonl"
+    record = command1_costs.main(["--project", str(project), "--cores", "2", "--cold-s", "400", "--out", str(out)])
+    assert read_lines(out) == [json.loads(json.dumps(record))]
+    assert record["stages"] == {"auxiliary": {"jobs": 1, "job_s": 7.0}, "backbones": {"jobs": 1, "job_s": 300.0},
+                                "claims": {"jobs": 1, "job_s": 1.0}, "evals": {"jobs": 1, "job_s": 2.0},
+                                "train": {"jobs": 2, "job_s": 150.0}}
+    full, goal = record["training"]["full"], record["training"]["goal"]
+    assert (full["steps_s"], full["probe_s"], full["eval_s"], full["other_s"]) == (30.0, 10.0, 6.0, 4.0)
+    assert full["ms_per_micro_batch"] == pytest.approx(1000 * 30 / 64, abs=0.051)  # rounded to 0.1 ms
+    assert (goal["steps_s"], goal["other_s"], goal["runs"]) == (80.0, 8.0, 1)
+    assert record["steps_bound_s"] == 300 + (30 + 80) / 2
+    assert record["compute_bound_s"] == 300 + (30 + 80 + 6 + 12) / 2
+    assert record["total_job_s"] == 460.0 and record["gemm_gflops_1thread"] > 0  # the machine's speed, recorded
+    assert record["core_utilisation"] == pytest.approx((460 - 300) / (2 * 100), abs=1e-3)
+    with pytest.raises(SystemExit):
+        command1_costs.main(["--project", str(tmp_path / "nothing"), "--out", str(out)])
