@@ -147,3 +147,18 @@ def test_saved_weights_are_checked_against_the_last_evaluated_epoch(tmp_path):
         model.weight.add_(1e-6)
     with pytest.raises(RuntimeError, match="saved weights differ from those evaluated at the last epoch"):
         _saved_weights_match(path, [{"weights_sha256": weights_digest(model)}])
+
+
+def test_pretraining_evaluates_its_last_epoch_only(tiny_data, tmp_path, params):
+    """Backbone pretraining is on the critical path and reports only its final score: it evaluates once,
+    after its last epoch, and still fingerprints every epoch's weights; fine-tuning evaluates every epoch."""
+    import dataclasses
+
+    from hnclip.config.registry import Registry
+    from hnclip.training.jobs import pretrain_job
+    assert pretrain_job(Registry(params), Registry(params).backbone_name()).evaluate_epochs == "last"
+    job = dataclasses.replace(make_job(tiny_data, tmp_path), evaluate_epochs="last")
+    history = train(job)["history"]
+    assert [bool(h["eval"]) for h in history] == [False, True]
+    assert "docci" in history[-1]["eval"] and all(h["weights_sha256"] for h in history)
+    assert all(h["eval"] for h in train(make_job(tiny_data, tmp_path / "every"))["history"])
