@@ -15,7 +15,9 @@ benchmarks/results/command1_costs.jsonl:
 * `steps_bound_s`: backbone pretraining (a job every other job waits for) plus the fine-tuning runs'
   optimizer-step seconds shared perfectly over the cores. No overhead removed and no scheduling can
   bring a cold command 1 below it; only a cheaper experiment (fewer or smaller runs, a smaller model)
-  can. `compute_bound_s` adds the per-epoch evaluations the tables and figures are computed from.
+  can. `compute_bound_s` adds the per-epoch evaluations the tables and figures are computed from;
+  `matrix_steps_bound_s` is `steps_bound_s` of every run params.yaml plans, each framework's planned
+  micro-batches at the step cost measured on its finished runs (so a partial run bounds the whole).
 """
 from __future__ import annotations
 
@@ -83,6 +85,33 @@ def training_split(project: Path, train_jobs: dict[str, float]) -> dict[str, dic
     return dict(split)
 
 
+def planned_micro_batches(project: Path) -> dict[str, int]:
+    """Micro-batches per framework of every run the project's params.yaml plans (its active profile), as
+    the loop counts them: ceil(fraction x training set) pairs, the incomplete tail dropped, times epochs."""
+    import math
+
+    from hnclip.config.params import load_params
+    from hnclip.config.registry import Registry
+    reg = Registry(load_params(project / "params.yaml"), validate=False)
+    planned: dict[str, int] = defaultdict(int)
+    for run_id in reg.runs():
+        spec = reg.run(run_id).spec
+        pairs = math.ceil(spec["fraction"] * spec["dataset"]["sizes"]["train"] - 1e-9)
+        planned[spec["objective"]["framework"]] += pairs // spec["recipe"]["micro_batch"] * spec["recipe"]["epochs"]
+    return dict(planned)
+
+
+def matrix_steps_bound(frameworks: dict[str, dict], planned: dict[str, int], pretrain_s: float,
+                       cores: int) -> float | None:
+    """`steps_bound_s` of the whole planned matrix from the runs measured so far (a partial command 1
+    is enough): each framework's planned micro-batches at its measured step cost. None while a
+    planned framework has no measured run."""
+    if any(not frameworks.get(name, {}).get("micro_batches") for name in planned):
+        return None
+    steps = sum(n * frameworks[name]["steps_s"] / frameworks[name]["micro_batches"] for name, n in planned.items())
+    return round(pretrain_s + steps / cores, 1)
+
+
 def summarise(project: Path, cores: int, cold_s: float | None = None) -> dict:
     jobs = job_seconds(project)
     frameworks = training_split(project, jobs.get("train", {}))
@@ -101,6 +130,10 @@ def summarise(project: Path, cores: int, cold_s: float | None = None) -> dict:
         "steps_bound_s": round(pretrain_s + steps_s / cores, 1),
         "compute_bound_s": round(pretrain_s + (steps_s + eval_s) / cores, 1),
     }
+    if (project / "params.yaml").is_file():
+        planned = planned_micro_batches(project)
+        summary["planned_micro_batches"] = planned
+        summary["matrix_steps_bound_s"] = matrix_steps_bound(frameworks, planned, pretrain_s, cores)
     if cold_s is not None:
         summary["cold_s"] = cold_s
         summary["core_utilisation"] = round((total_job_s - pretrain_s) / (cores * max(cold_s - pretrain_s, 1e-9)), 3)

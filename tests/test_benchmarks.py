@@ -141,3 +141,17 @@ def test_command1_costs_splits_job_time_and_bounds_the_cold_run(tmp_path):
     assert record["core_utilisation"] == pytest.approx((460 - 300) / (2 * 100), abs=1e-3)
     with pytest.raises(SystemExit):
         command1_costs.main(["--project", str(tmp_path / "nothing"), "--out", str(out)])
+    assert "matrix_steps_bound_s" not in record  # no params.yaml: nothing planned to bound
+
+    # the whole planned matrix from a partial run: each framework's planned micro-batches at its measured cost
+    planned = {"full": 640, "goal": 128}
+    assert command1_costs.matrix_steps_bound(record["training"], planned, 300.0, 2) == \
+        pytest.approx(300 + (640 * 30 / 64 + 128 * 80 / 64) / 2, abs=0.05)
+    assert command1_costs.matrix_steps_bound(record["training"], {**planned, "lora": 10}, 300.0, 2) is None
+
+
+def test_command1_costs_plans_the_micro_batches_of_every_run(project_root):
+    """The committed params.yaml: every planned run's micro-batches, per framework, as the loop counts them."""
+    planned = command1_costs.planned_micro_batches(project_root)
+    assert set(planned) == {"full", "lora", "dora", "finelip", "goal", "structxlip"}
+    assert planned["finelip"] == 6 * 512 // 16 * 4  # 6 runs on 512-scene training sets, 4 epochs
