@@ -70,15 +70,15 @@ def training_split(project: Path, train_jobs: dict[str, float]) -> dict[str, dic
         timing = training.get("timing_s", {})
         job = train_jobs.get(f"train/{run}.benchmark.tsv", record.get("wall_time_s", 0.0))
         entry = split[training.get("framework", "full")]
-        probe = timing.get("probe_s", 0.0)
+        probe, evaluation = timing.get("probe_s", 0.0), timing.get("eval_s", 0.0)
         steps = timing.get("train_s", 0.0) - probe  # the loop times a probe inside its optimizer step
         entry["runs"] += 1
         entry["micro_batches"] += sum(h["train"]["micro_batches"] for h in record.get("history", []))
         entry["job_s"] += job
         entry["steps_s"] += steps
-        entry["eval_s"] += timing.get("eval_s", 0.0)
+        entry["eval_s"] += evaluation
         entry["probe_s"] += probe
-        entry["other_s"] += job - steps - probe - timing.get("eval_s", 0.0)
+        entry["other_s"] += job - steps - probe - evaluation
     for entry in split.values():
         batches = entry["micro_batches"]
         entry["ms_per_micro_batch"] = 1000 * entry["steps_s"] / batches if batches else None
@@ -87,16 +87,15 @@ def training_split(project: Path, train_jobs: dict[str, float]) -> dict[str, dic
 
 def planned_micro_batches(project: Path) -> dict[str, int]:
     """Micro-batches per framework of every run the project's params.yaml plans (its active profile), as
-    the loop counts them: ceil(fraction x training set) pairs, the incomplete tail dropped, times epochs."""
-    import math
-
+    the loop counts them: the run's training subset, the incomplete tail dropped, times epochs."""
     from hnclip.config.params import load_params
     from hnclip.config.registry import Registry
+    from hnclip.data.loader import subset_indices
     reg = Registry(load_params(project / "params.yaml"), validate=False)
     planned: dict[str, int] = defaultdict(int)
     for run_id in reg.runs():
         spec = reg.run(run_id).spec
-        pairs = math.ceil(spec["fraction"] * spec["dataset"]["sizes"]["train"] - 1e-9)
+        pairs = len(subset_indices(spec["dataset"]["sizes"]["train"], spec["fraction"]))  # the loop's subset
         planned[spec["objective"]["framework"]] += pairs // spec["recipe"]["micro_batch"] * spec["recipe"]["epochs"]
     return dict(planned)
 

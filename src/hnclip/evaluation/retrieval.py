@@ -38,17 +38,11 @@ def encode_texts(model, dataset, batch_size: int = 256, device: str | torch.devi
     """Caption features of a test split, fp32, L2-normalized, in manifest order. Captions are encoded
     in order of length, so each batch is trimmed to captions of similar length (the causal text
     tower makes a caption's features independent of the padding it is batched with)."""
-    lengths = dataset.tokens.argmax(dim=-1)  # the EOT position (the highest id)
-    order = torch.argsort(lengths, stable=True)
-    features = None
+    order = torch.argsort(dataset.tokens.argmax(dim=-1), stable=True)  # by EOT position (the highest id)
     with _eval_mode(model):
-        for start, stop in _spans(len(dataset), batch_size):
-            chunk = order[start:stop]
-            encoded = encode_text(model, dataset.tokens[chunk].to(device)).float().cpu()
-            if features is None:
-                features = torch.empty(len(dataset), encoded.shape[1])
-            features[chunk] = encoded
-    return features
+        chunks = [encode_text(model, dataset.tokens[order[start:stop]].to(device)).float().cpu()
+                  for start, stop in _spans(len(dataset), batch_size)]
+    return torch.cat(chunks)[torch.argsort(order)]  # back to manifest order
 
 
 def _spans(n: int, batch_size: int) -> list[tuple[int, int]]:
