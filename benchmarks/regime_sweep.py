@@ -80,7 +80,7 @@ TRIALS: dict[str, dict] = {
 
 # ---- settings -> params ------------------------------------------------------------------------------
 def digest(obj) -> str:
-    from hnclip.provenance.hashing import json_sha256
+    from hnclip.hashing import json_sha256
     return json_sha256(obj)[:12]
 
 

@@ -34,9 +34,9 @@ from pathlib import Path
 import torch
 from throughput import ROOT, append_jsonl, environment
 
+from hnclip.losses.objective import TOKEN_LOSS_CHUNK, token_term
 from hnclip.losses.token import _token_alignment_loss_naive
 from hnclip.models.towers import Encoded
-from hnclip.training.objective import TOKEN_LOSS_CHUNK, token_term
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "token_memory.jsonl"
 SCALE = 100.0  # exponentiated logit scale (CLIP's ceiling); does not change memory

@@ -16,6 +16,7 @@ import torch.multiprocessing as mp
 from helpers.batches import accumulation_group as random_group
 from helpers.batches import tiny_model
 
+from hnclip.losses.objective import loss_terms, token_term
 from hnclip.losses.token import token_alignment_loss
 from hnclip.models.towers import Encoded, encode_batch
 from hnclip.training.compute_batch import (
@@ -25,7 +26,6 @@ from hnclip.training.compute_batch import (
 )
 from hnclip.training.distributed import Distributed
 from hnclip.training.frameworks import TrainedModel
-from hnclip.training.objective import loss_terms, token_term
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: tiny shapes, one thread
 

@@ -15,11 +15,11 @@ from helpers.training import EVALUATION, EXECUTION, SPEC
 
 from hnclip.data.loader import PairDataset
 from hnclip.io import read_json
+from hnclip.losses.objective import loss_terms
 from hnclip.models.factory import create, load_weights
 from hnclip.training.distributed import Distributed
 from hnclip.training.exact_batch import exact_batch_backward
 from hnclip.training.loop import TrainJob, frozen_text_encoder, train
-from hnclip.training.objective import loss_terms
 from hnclip.training.probe import GradientProbe
 
 WORLD = 2

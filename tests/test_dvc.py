@@ -15,8 +15,8 @@ import pandas as pd
 import pytest
 import yaml
 
+from hnclip.config.cells import AVG
 from hnclip.report.metrics import table_mean_r1
-from hnclip.report.tables import AVG
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent

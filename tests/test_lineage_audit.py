@@ -11,10 +11,10 @@ import yaml
 from helpers.micro_project import copy_project
 
 from hnclip.errors import UnknownNameError
+from hnclip.hashing import sha256_file
 from hnclip.io import read_json
 from hnclip.provenance import audit as audit_module
 from hnclip.provenance.audit import audit, main_audit
-from hnclip.provenance.hashing import sha256_file
 from hnclip.provenance.lineage import format_lineage, iter_nodes, lineage, lineage_json
 
 pytestmark = pytest.mark.slow

@@ -20,8 +20,10 @@ from torchvision.transforms import (
     ToTensor,
 )
 
+from hnclip import hashing
 from hnclip.config.registry import Registry
 from hnclip.data import download
+from hnclip.hashing import sha256_file
 from hnclip.models.longclip import (
     LONGCLIP_L_SHA256,
     CheckpointMismatchError,
@@ -32,9 +34,7 @@ from hnclip.models.longclip import (
     stretch_openai_state_dict,
     stretch_positional_embedding,
 )
-from hnclip.provenance import hashing
 from hnclip.provenance.audit import audit
-from hnclip.provenance.hashing import sha256_file
 
 WIDTH, LAYERS, IMAGE, PATCH, EMBED, VOCAB, CONTEXT = 64, 2, 32, 8, 64, 49408, 248
 HEAD_WIDTH = 32  # 2 heads per tower, so head splitting is exercised (real Long-CLIP-L: 64)

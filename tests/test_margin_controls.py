@@ -26,6 +26,7 @@ from hnclip.config.params import ParamsError, validate_params
 from hnclip.config.registry import Registry
 from hnclip.data.loader import PairDataset
 from hnclip.losses import constant_margins, hn_loss, margin_matrix, shuffled_margins
+from hnclip.losses.objective import loss_terms, margin_generator, with_run_seed
 from hnclip.models.factory import create
 from hnclip.models.towers import encode_batch
 from hnclip.report import build
@@ -33,7 +34,6 @@ from hnclip.report.gradient_stats import exact_zero_shares
 from hnclip.training.compute_batch import compute_batch_backward
 from hnclip.training.exact_batch import exact_batch_backward
 from hnclip.training.loop import TrainJob, epoch_micro_batches, train
-from hnclip.training.objective import loss_terms, margin_generator, with_run_seed
 from hnclip.training.probe import GradientProbe, infonce_gradient
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: tiny shapes, one thread

@@ -12,6 +12,7 @@ from hnclip.data import overlap
 from hnclip.data.manifest import ManifestRow, read_manifest, write_manifest
 from hnclip.data.synthetic import write_dataset
 from hnclip.io import read_json
+from hnclip.steps.overlap import check_overlap
 
 # ---------------------------------------------------------------------------------------------
 # Fixtures: a VG-like training set and an Urban-like test set that hides copies of training images
@@ -183,7 +184,7 @@ def test_drop_overlaps_writes_a_valid_manifest_without_those_ids(datasets, tmp_p
 def test_check_overlap_writes_report_and_filtered_manifest(datasets, tmp_path):
     report_path = tmp_path / "overlap.json"
     out = tmp_path / "train.jsonl"
-    report = overlap.check_overlap(datasets["train"], datasets["test"], report_path, out_manifest=out)
+    report = check_overlap(datasets["train"], datasets["test"], report_path, out_manifest=out)
     assert read_json(report_path) == report
     n_copies = len(datasets["expected"])
     assert report["n_pairs"] == report["n_train_overlapping"] == report["n_test_overlapping"] == n_copies

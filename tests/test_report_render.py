@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from hnclip.config import cells
 from hnclip.config.registry import Registry
 from hnclip.report import build, tables
 from hnclip.report.paper_reference import paper_table, table_meta, table_names
@@ -123,12 +124,12 @@ def _paper_valued_project(params: dict, table: str, root: Path) -> Registry:
     """A project whose evaluation records hold the paper's cells of `table` (and its best epochs)."""
     reg = Registry({**params, "profile": "paper"}, validate=False)  # the schema needs the project as cwd
     paper = paper_table(table)
-    values = {(tables.canonical_row(r), b, d, m): v for r, b, d, m, v in
+    values = {(cells.canonical_row(r), b, d, m): v for r, b, d, m, v in
               zip(paper["row"], paper["benchmark"], paper["direction"], paper["metric"], paper["value"])}
     for cell in reg.cells(table):
         if not cell.run_id:
             continue
-        row = tables.canonical_row(cell.row)
+        row = cells.canonical_row(cell.row)
         metrics = {d: {f"R@{k}": values.get((row, cell.benchmark, d, f"R@{k}"), 0.0) for k in (1, 5, 10, 25, 50)}
                    for d in ("t2i", "i2t")}
         epoch = values.get((row, cell.benchmark, "both", "best_epoch"), 1)

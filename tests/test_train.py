@@ -135,8 +135,8 @@ def test_frozen_margin_stays_constant_while_live_drifts(tiny_data):
 def test_saved_weights_are_checked_against_the_last_evaluated_epoch(tmp_path):
     """The training job rereads model.pt: the evaluation jobs rely on it holding exactly the
     weights whose metrics the last epoch recorded."""
+    from hnclip.hashing import weights_digest
     from hnclip.models.factory import save_weights
-    from hnclip.provenance.hashing import weights_digest
     from hnclip.training.loop import _saved_weights_match
     model = torch.nn.Linear(3, 2)
     path = tmp_path / "model.pt"

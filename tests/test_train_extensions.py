@@ -14,15 +14,15 @@ from helpers.training import EVALUATION, EXECUTION, KILL_SCRIPT, SPEC
 
 from hnclip.data.loader import PairDataset
 from hnclip.evaluation.retrieval import evaluate_model
+from hnclip.hashing import weights_digest
 from hnclip.losses import hn_loss, infonce_loss, token_alignment_loss
+from hnclip.losses.objective import TOKEN_LOSS_CHUNK
 from hnclip.models.adapters import load_adapter_state_dict
 from hnclip.models.factory import create, load_weights
 from hnclip.models.towers import encode_batch, encode_text
-from hnclip.provenance.hashing import weights_digest
 from hnclip.training.exact_batch import exact_batch_backward
 from hnclip.training.frameworks import TrainedModel
 from hnclip.training.loop import TrainJob, frozen_text_encoder, train
-from hnclip.training.objective import TOKEN_LOSS_CHUNK
 from hnclip.training.probe import GradientProbe
 
 ADAPTER_TARGETS = ("attn.in_proj_weight", "attn.out_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")

@@ -20,10 +20,10 @@ from hnclip.config.registry import Registry
 from hnclip.errors import StaleArtifactError
 from hnclip.evaluation.retrieval import evaluate_model
 from hnclip.evaluation.selection import own_benchmark
+from hnclip.hashing import sha256_file, state_dict_digest
 from hnclip.io import read_json
 from hnclip.models import factory
 from hnclip.provenance import audit as audit_module
-from hnclip.provenance.hashing import sha256_file, state_dict_digest
 from hnclip.provenance.lineage import iter_nodes, lineage
 from hnclip.report import build, tables
 from hnclip.steps.evaluate import evaluate_run

@@ -72,7 +72,7 @@ def test_provenance_chain_from_table_to_weights(project):
     assert evaluation["best"]["epoch"] == cell["epoch"]
     assert evaluation["consistent_with_training"] is True
     train = json.loads((proj / "results/runs" / cell["run_id"] / "train.json").read_text())
-    from hnclip.provenance.hashing import sha256_file
+    from hnclip.hashing import sha256_file
     model_sha = sha256_file(proj / "results/runs" / cell["run_id"] / "model.pt")
     assert evaluation["provenance"]["inputs"]["model"]["sha256"] == model_sha == train["outputs"]["model"]["sha256"]
     assert train["spec"]["objective"]["gamma"] == 0.5 and train["spec"]["train_set"] == "dci"

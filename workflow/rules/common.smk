@@ -4,7 +4,7 @@ import sys
 
 from hnclip.config import paths
 from hnclip.config.params import validate_params
-from hnclip.provenance.hashing import canonical_json
+from hnclip.hashing import canonical_json
 from hnclip.config.constants import PRETRAIN_ROLE, STRONGEST_BASELINE_TABLE
 from hnclip.steps.data import dataset_generation
 from hnclip.training.jobs import pretrain_spec

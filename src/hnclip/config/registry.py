@@ -23,7 +23,7 @@ from hnclip.config.constants import (
 )
 from hnclip.config.params import ParamsError, validate_params
 from hnclip.errors import UnknownNameError
-from hnclip.provenance.hashing import canonical_json, json_sha256
+from hnclip.hashing import canonical_json, json_sha256
 
 OBJECTIVE_KEYS = ("framework", "gamma", "lambda_tok", "margin")
 # Optional objective keys (Table X1's controls): part of a run's identity only when set to a value other

@@ -41,7 +41,7 @@ from urllib3.util import Retry
 from hnclip.data.sources import MIRROR_ENV, Source, SourceFile, get_source, mirror_base, resolve_url
 from hnclip.errors import UserError
 from hnclip.io import read_json, write_json
-from hnclip.provenance.hashing import hash_file, sha256_file
+from hnclip.hashing import hash_file, sha256_file
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -36,9 +35,7 @@ from typing import Iterable, NamedTuple
 import numpy as np
 from PIL import Image, ImageOps
 
-from hnclip import provenance
 from hnclip.data.manifest import ManifestRow, read_manifest, write_manifest
-from hnclip.io import write_json
 
 DEFAULT_HASH_SIZE = 16       # 16 x 16 = 256 bits per image (see the module docstring)
 DCT_OVERSAMPLING = 4          # pHash's DCT runs on a thumbnail 4x the hash side, as in the usual pHash
@@ -220,23 +217,3 @@ def overlap_report(train_manifest: str | Path, test_manifest: str | Path, overla
         "distance_histogram": {str(d): n for d, n in sorted(Counter(p.distance for p in overlaps).items())},
         "pairs": [p._asdict() for p in overlaps],
     }
-
-
-def check_overlap(train_manifest: str | Path, test_manifest: str | Path, report_path: str | Path,
-                  max_distance: int = DEFAULT_MAX_DISTANCE, method: str = DEFAULT_METHOD,
-                  hash_size: int = DEFAULT_HASH_SIZE, out_manifest: str | Path | None = None,
-                  workers: int | None = None) -> dict:
-    """The whole check for the CLI: find pairs, optionally write the filtered training manifest, and
-    write the report (with provenance) to `report_path`. Returns the report."""
-    started = time.time()
-    overlaps = find_overlaps(train_manifest, test_manifest, max_distance, method, hash_size, workers)
-    report = overlap_report(train_manifest, test_manifest, overlaps, max_distance, method, hash_size)
-    if out_manifest is not None:
-        kept = drop_overlaps(train_manifest, overlaps, out_manifest)
-        report.update(out_manifest=str(out_manifest), n_kept=len(kept))
-    report["provenance"] = provenance.record(
-        "overlap", inputs={"train_manifest": train_manifest, "test_manifest": test_manifest},
-        params={"max_distance": max_distance, "method": method, "hash_size": hash_size},
-        wall_time_s=time.time() - started)
-    write_json(report_path, report)
-    return report

@@ -34,7 +34,7 @@ import PIL
 from PIL import Image
 
 from hnclip.data.manifest import ManifestRow, write_manifest
-from hnclip.provenance.hashing import json_sha256, sha256_bytes
+from hnclip.hashing import json_sha256, sha256_bytes
 
 GENERATOR_VERSION = 2  # bump whenever output bytes change for the same arguments
 

@@ -1,5 +1,6 @@
 """Training objectives in open_clip's ClipLoss style: global InfoNCE / HN margins, the FILIP
-token-level term, and exact large-batch (GradCache) computation of either global loss."""
+token-level term, exact large-batch (GradCache) computation of either global loss, and the HN-CLIP
+objective of one batch (`objective`, whose pieces the baselines' objectives share)."""
 from hnclip.losses.contrastive import (
            MARGIN_CONTROLS,
            ContrastiveLoss,

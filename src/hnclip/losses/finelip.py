@@ -38,8 +38,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from hnclip.losses.distributed import all_gather_with_grad
+from hnclip.losses.objective import Autocast, as_float32, contrastive_terms
 from hnclip.models.towers import encode_batch
-from hnclip.training.objective import Autocast, as_float32, contrastive_terms
 
 DEFAULT_SETTINGS = {
     "margin": 0.2,           # hinge margin m (FL arguments.py --margin)

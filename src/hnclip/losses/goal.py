@@ -30,8 +30,8 @@ import torch
 import torch.nn.functional as F
 
 from hnclip.losses.distributed import global_infonce_loss
+from hnclip.losses.objective import as_float32, contrastive_terms, trained_term
 from hnclip.models.towers import PAD_ID
-from hnclip.training.objective import as_float32, contrastive_terms, trained_term
 
 EPS = 1e-8  # GOAL's n(x) shifts by 1e-8 before normalising
 RELEASED_PATCH_SIZE = 16  # goal_loss_finetuning.py passes patch_size=16 for every backbone

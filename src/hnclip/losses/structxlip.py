@@ -22,14 +22,14 @@ import torch
 import torch.nn.functional as F
 
 from ..models.towers import PAD_ID
-from ..training.objective import (
+from .contrastive import infonce_loss
+from .objective import (
     Autocast,
     as_float32,
     contrastive_terms,
     frozen_margin_features,
     trained_term,
 )
-from .contrastive import infonce_loss
 
 EPS = 1e-8               # released normalisation offset
 CHUNK_TAU = 0.07         # L_LSC temperature: sigma = min(e^s / tau, MAX_CHUNK_SCALE)

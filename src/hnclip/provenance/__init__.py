@@ -1,6 +1,6 @@
 """Provenance: content hashes (`hashing`), the record every artifact carries (`records`), and the
 two ways back from a number to its sources (`lineage`, `audit`)."""
-from hnclip.provenance.hashing import (
+from hnclip.hashing import (
            canonical_json,
            file_sha256,
            sha256_bytes,

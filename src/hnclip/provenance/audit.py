@@ -23,8 +23,8 @@ from pathlib import Path
 import yaml
 
 from hnclip.config.registry import Registry
+from hnclip.hashing import hash_file, json_sha256, sha256_file
 from hnclip.io import read_json
-from hnclip.provenance.hashing import hash_file, json_sha256, sha256_file
 from hnclip.provenance.lineage import (
     dataset_record_path,
     provenance_of,

@@ -19,13 +19,13 @@ from typing import Iterator
 import pandas as pd
 import yaml
 
+from hnclip.config.cells import AVG, DIRECTION_LABELS, canonical_row, column_key
 from hnclip.errors import UnknownNameError, UserError
-from hnclip.io import read_json, read_jsonl
-from hnclip.provenance.hashing import (
+from hnclip.hashing import (
     file_sha256,
     json_sha256,
 )
-from hnclip.report.tables import AVG, DIRECTION_LABELS, canonical_row, column_key
+from hnclip.io import read_json, read_jsonl
 
 AVG_COLUMN = column_key(*AVG)
 LISTED_SOURCES = 10  # above this many distinct source_sha256 values, give their count and digest
@@ -355,6 +355,11 @@ def _short(value, width: int = 110) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
+def _marker_summary(marker: dict) -> str:
+    how = "checked against the pin" if marker.get("pinned") else "recorded on first verified download, no pin"
+    return f"sha256 {marker.get('sha256')} ({how})"
+
+
 def _node_lines(node: dict, indent: str) -> list[str]:
     head = node["step"]
     if "path" in node:
@@ -364,7 +369,11 @@ def _node_lines(node: dict, indent: str) -> list[str]:
     if "git" in node:
         lines.append(detail + _git(node["git"]))
     for key, value in node.get("facts", {}).items():
-        if value is not None:
+        if key == "download_markers" and value:  # one line per file: its full sha256 would not fit in one
+            lines += [f"{detail}downloaded {name}: {_marker_summary(marker)}" for name, marker in value.items()]
+        elif key == "download_marker" and value:
+            lines.append(f"{detail}downloaded: {_marker_summary(value)}")
+        elif value is not None:
             lines.append(f"{detail}{key}: {_short(value)}")
     if node.get("params") is not None:
         lines.append(f"{detail}params: {_short(node['params'])}")

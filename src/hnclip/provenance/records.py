@@ -8,7 +8,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from hnclip.provenance.hashing import file_sha256
+from hnclip.hashing import file_sha256
 
 LIBRARIES = ("torch", "torchvision", "open_clip_torch", "numpy", "pandas", "matplotlib", "snakemake", "dvc")
 

@@ -29,10 +29,10 @@ import yaml
 
 from hnclip import provenance
 from hnclip.config import paths
+from hnclip.config.cells import DIRECTION_LABELS, canonical_row
 from hnclip.config.registry import NOT_IMPLEMENTED, Registry
 from hnclip.errors import StaleArtifactError
 from hnclip.io import read_json, write_json, write_text
-from hnclip.report.tables import DIRECTION_LABELS, canonical_row
 from hnclip.report.uncertainty import Bootstrap, BootstrapSettings, outcomes
 
 DEFINITIONS = "claims.yaml"

@@ -10,9 +10,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from hnclip.config.cells import DIRECTION_LABELS  # noqa: E402
 from hnclip.config.constants import STRONGEST_BASELINE_TABLE  # noqa: E402
 from hnclip.report.geometry import benchmark_colours, save_figure  # noqa: E402
-from hnclip.report.tables import DIRECTION_LABELS  # noqa: E402
 
 
 def gamma_sweep(frame: pd.DataFrame, benchmark_labels: dict[str, str], out_stem: Path, profile: str) -> list[Path]:

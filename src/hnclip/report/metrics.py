@@ -9,10 +9,10 @@ from pathlib import Path
 import pandas as pd
 
 from hnclip.config import paths
+from hnclip.config.cells import AVG
 from hnclip.config.registry import Registry
 from hnclip.io import read_json
 from hnclip.report.claims import CLAIMS_CSV, VERDICTS
-from hnclip.report.tables import AVG
 
 METRICS = paths.RESULTS / "metrics.json"
 PROVENANCE = paths.RESULTS / "metrics.provenance.json"

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from hnclip.config import paths
+from hnclip.config.cells import AVG, DIRECTION_LABELS, canonical_row, column_key
 from hnclip.config.registry import NOT_IMPLEMENTED, Registry
 from hnclip.errors import StaleArtifactError
 from hnclip.io import read_json, read_jsonl
@@ -17,8 +18,6 @@ from hnclip.report import paper_reference
 from hnclip.report.gradient_stats import exact_zero_shares, probe_log
 from hnclip.report.render import Band, Block, Cell, Column, latex_tabular, markdown_blocks
 
-DIRECTION_LABELS = {"t2i": "T→I", "i2t": "I→T"}
-AVG = ("all", "both", "avg")
 KEYS = ["row", "benchmark", "direction", "metric"]
 KNOB_SYMBOLS = {"gamma": "γ", "lambda_tok": "λ_tok"}
 # Summary columns (metric -> header) and the summary row, as paper_tables.yaml names them.
@@ -36,10 +35,6 @@ PROBE_HEADERS = {PROBE_COUNT: "probes", "zero_loss_fp32": "L_CLIP = 0 (fp32)",
                  "zero_grad_bf16": "∇ ≡ 0 (bf16 autocast)"}
 PROBE_DIRECTION = "none"
 NOT_PROBED = "not probed"
-
-
-def column_key(benchmark: str, direction: str, metric: str) -> str:
-    return f"{benchmark}/{direction}/{metric}"
 
 
 def collect(reg: Registry, table: str) -> pd.DataFrame:
@@ -61,15 +56,6 @@ def collect(reg: Registry, table: str) -> pd.DataFrame:
                              "eval_file": str(path) if path else None,
                              "value": chosen["metrics"][direction][metric] if chosen else math.nan})
     return pd.DataFrame(rows)
-
-
-def canonical_row(row: str) -> str:
-    """`gamma=1.0` and `gamma=1` name the same row: compare settings by value, not spelling."""
-    knob, _, value = row.partition("=")
-    try:
-        return f"{knob}={float(value):g}"
-    except ValueError:
-        return row
 
 
 # ---- row labels ----------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from hnclip.provenance.hashing import sha256_bytes
+from hnclip.hashing import sha256_bytes
 
 SLOTS_ENV = "HNCLIP_GPU_SLOTS"
 LOCK_DIR_ENV = "HNCLIP_GPU_SLOT_DIR"

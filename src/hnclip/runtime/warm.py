@@ -123,7 +123,8 @@ def _receive_message(conn: socket.socket, max_fds: int = 0) -> tuple[dict | None
 
 # ---- client ----------------------------------------------------------------------------------------
 def run_in_process(argv: list[str]) -> int:
-    from hnclip.cli import main
+    # The one upward import of the package, by design: this server's whole job is to run the CLI.
+    from hnclip.cli import main  # layer-exception: runtime.warm runs the CLI
     return main(argv)
 
 
@@ -250,7 +251,7 @@ def _child(request: dict, fds: list[int]) -> int:
         sys.modules["numpy"].random.seed()
     _fresh_stdio()
     try:
-        from hnclip.cli import main
+        from hnclip.cli import main  # layer-exception: runtime.warm runs the CLI
         code = main(request["argv"])
     except SystemExit as exc:
         code = exc.code

@@ -99,7 +99,7 @@ def _read(path: Path, reads: dict[str, Path], name: str, loader=read_json):
 
 # ---- one precondition each ---------------------------------------------------------------------
 def _zeroshot(reg: Registry, plan: dict, reads: dict) -> dict:
-    from hnclip.report.tables import DIRECTION_LABELS
+    from hnclip.config.cells import DIRECTION_LABELS
     target, bench, path = plan["targets"]["zeroshot_r1"], plan["zeroshot"]["benchmark"], plan["zeroshot"]["path"]
     record = _read(path, reads, f"zeroshot:{bench}")
     label = reg.params["benchmarks"][bench]["label"]

@@ -1,5 +1,6 @@
 """The fine-tuning loop (`train`, `TrainJob` in `loop`) and its parts: what is trained (`frameworks`),
-what each framework's batch and loss terms are (`methods`), the HN-CLIP objective (`objective`),
+what each framework's batch and loss terms are (`methods`; the HN-CLIP objective itself is
+`hnclip.losses.objective`),
 checkpoints, exact large-batch and compute-batch steps, the gradient probe and multi-process runs."""
 
 from hnclip._lazy import lazy_exports
@@ -8,8 +9,8 @@ _EXPORTS = {
     "train": "hnclip.training.loop",
     "TrainJob": "hnclip.training.loop",
     "NonFiniteLossError": "hnclip.training.loop",
-    "loss_terms": "hnclip.training.objective",
-    "group_terms": "hnclip.training.objective",
+    "loss_terms": "hnclip.losses.objective",
+    "group_terms": "hnclip.losses.objective",
     "TrainedModel": "hnclip.training.frameworks",
     "build_method": "hnclip.training.methods",
     "compute_batch_backward": "hnclip.training.compute_batch",

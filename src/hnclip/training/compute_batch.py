@@ -30,8 +30,8 @@ from dataclasses import fields
 
 import torch
 
+from hnclip.losses.objective import Autocast, MarginKey, frozen_margin_features, group_terms
 from hnclip.models.towers import Encoded, encode_batch
-from hnclip.training.objective import Autocast, MarginKey, frozen_margin_features, group_terms
 
 MicroBatch = tuple[torch.Tensor, torch.Tensor]  # (images, tokens), on the device
 # (encoded rows of one group, exponentiated logit scale, objective, frozen-G features or None) -> named terms;

@@ -17,8 +17,7 @@ import contextlib
 import torch
 
 from hnclip.losses import gradcache_backward
-from hnclip.models.towers import encode_batch
-from hnclip.training.objective import (
+from hnclip.losses.objective import (
     Autocast,
     MarginKey,
     contrastive_terms,
@@ -26,6 +25,7 @@ from hnclip.training.objective import (
     token_term,
     trained_term,
 )
+from hnclip.models.towers import encode_batch
 
 MicroBatch = tuple[torch.Tensor, torch.Tensor]  # (images, tokens), on the device
 

@@ -16,7 +16,7 @@ import torch
 
 from hnclip.config.constants import ADAPTER_FRAMEWORKS, BASELINE_FRAMEWORKS, DEFAULT_ADAPTER, TRAINED_FRAMEWORKS
 from hnclip.errors import StaleArtifactError
-from hnclip.provenance.hashing import weights_digest
+from hnclip.hashing import weights_digest
 
 
 @dataclass

@@ -36,9 +36,10 @@ from hnclip.data.loader import PairDataset, subset_indices
 from hnclip.errors import StaleArtifactError, UserError
 from hnclip.evaluation.retrieval import evaluate_model
 from hnclip.evaluation.selection import select_epochs
+from hnclip.hashing import file_sha256, json_sha256, state_dict_digest, weights_digest
 from hnclip.io import atomic_path, read_json, write_json, write_jsonl
+from hnclip.losses.objective import TOKEN_LOSS_CHUNK, loss_terms, with_run_seed  # noqa: F401 - part of this module's API
 from hnclip.models.factory import load_backbone, save_weights
-from hnclip.provenance.hashing import file_sha256, json_sha256, state_dict_digest, weights_digest
 from hnclip.runtime.device import AUTOCAST_DEVICE_TYPES, autocast_context
 from hnclip.training.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint, selected_weights_path
 from hnclip.training.compute_batch import compute_batch_backward, fit_compute_batch
@@ -46,7 +47,6 @@ from hnclip.training.distributed import Distributed, distributed_session
 from hnclip.training.exact_batch import exact_batch_backward
 from hnclip.training.frameworks import TrainedModel
 from hnclip.training.methods import Method, Position, build_method
-from hnclip.training.objective import TOKEN_LOSS_CHUNK, loss_terms, with_run_seed  # noqa: F401 - part of this module's API
 from hnclip.training.probe import GradientProbe, probe_summary
 
 SATURATION_THRESHOLD = 1e-3

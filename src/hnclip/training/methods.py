@@ -1,6 +1,6 @@
 """How each framework turns training data into its named loss terms, one micro-batch at a time.
 
-`full`, `lora` and `dora` train the HN-CLIP objective (`hnclip.training.objective`): L_HN or
+`full`, `lora` and `dora` train the HN-CLIP objective (`hnclip.losses.objective`): L_HN or
 InfoNCE, plus lambda * L_tok. The machinery baselines train their own objectives
 (`hnclip.losses.finelip`, `.goal`, `.structxlip`), whose global image-caption term becomes L_HN
 when the recipe's gamma > 0 (the paper's plug-and-play swap, D.2); their other terms are
@@ -18,7 +18,7 @@ from typing import Any, Callable
 import torch
 
 from hnclip.config.constants import BASELINE_FRAMEWORKS, TRAINED_FRAMEWORKS
-from hnclip.training.objective import Autocast, loss_terms
+from hnclip.losses.objective import Autocast, loss_terms
 
 
 @dataclass(frozen=True)

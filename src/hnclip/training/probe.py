@@ -30,9 +30,7 @@ import torch
 
 from hnclip.losses.contrastive import _symmetric_cross_entropy, margin_matrix
 from hnclip.losses.distributed import gather_features
-from hnclip.models.towers import encode_batch
-from hnclip.training.distributed import Distributed, average_tensors
-from hnclip.training.objective import (
+from hnclip.losses.objective import (
     Autocast,
     MarginKey,
     as_float32,
@@ -40,6 +38,8 @@ from hnclip.training.objective import (
     margin_control,
     margin_generator,
 )
+from hnclip.models.towers import encode_batch
+from hnclip.training.distributed import Distributed, average_tensors
 
 DEFAULT_PROBE_GAMMA = 0.5  # paper default, for probing runs trained with plain InfoNCE
 BF16_AUTOCAST_DEVICE_TYPES = ("cpu", "cuda", "npu")  # where torch.autocast runs bf16 (else: not measured)
