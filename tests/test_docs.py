@@ -1,0 +1,447 @@
+"""The user documentation (README.md and docs/*.md) stays true to the repository: every relative link
+names a file (and heading) that exists, every command-line example of `hnclip`, Snakemake or DVC uses
+verbs and flags the tool accepts (hnclip: its own argparse parser; Snakemake, DVC: their `--help`), the
+profile and table names those examples use exist in params.yaml, and repository paths named in code
+exist. The checkers are plain functions, also fed broken text below to show they catch it."""
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib.util
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from urllib.parse import unquote
+
+import pytest
+import yaml
+
+from hnclip.cli import build_parser
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+TOOLS = ("hnclip", "snakemake", "dvc")
+# Repository paths named in code are checked when they start here (outputs such as results/ are not
+# in a fresh clone, so they are not checked).
+CHECKED_ROOTS = ("src/", "workflow/", "scripts/", "benchmarks/", "tests/", "docs/", ".ci/", ".dvc/")
+CHECKED_FILES = {"params.yaml", "dvc.yaml", "Snakefile", "setup.sh", "requirements.lock", "requirements-npu.txt",
+                 "pyproject.toml", ".dvcignore", "README.md"}
+SHELL_FENCES = {"bash", "sh", "shell", "console"}
+
+
+# ---- reading Markdown ----------------------------------------------------------------------------
+def _fenced_and_prose(text: str) -> tuple[list[tuple[str, str]], list[str]]:
+    """(fenced code lines with their fence's info string, prose lines with `code spans` kept)."""
+    code, prose, fence, info = [], [], None, ""
+    for line in text.splitlines():
+        marker = re.match(r"^\s*(```+|~~~+)\s*([\w+-]*)", line)
+        if marker and fence is None:
+            fence, info = marker.group(1), marker.group(2).lower()
+        elif marker and line.strip().startswith(fence) and not marker.group(2):
+            fence = None
+        elif fence is not None:
+            code.append((info, line))
+        else:
+            prose.append(line)
+    return code, prose
+
+
+def _paragraphs(prose: list[str]) -> list[str]:
+    """Prose split at blank lines: code spans and links may wrap over lines, never over paragraphs."""
+    return [block for block in "\n".join(prose).split("\n\n") if block.strip()]
+
+
+def _code_spans(paragraph: str) -> list[str]:
+    return [" ".join(span.split()) for _, span in re.findall(r"(`+)(.+?)\1", paragraph, re.S)]
+
+
+def _without_code_spans(paragraph: str) -> str:
+    return re.sub(r"(`+)(.+?)\1", "", paragraph, flags=re.S)
+
+
+def github_anchor(heading: str) -> str:
+    """The anchor GitHub gives a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"(`+)(.+?)\1", r"\2", heading.strip()).lower()
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors(text: str) -> set[str]:
+    seen: dict[str, int] = {}
+    for line in _fenced_and_prose(text)[1]:
+        heading = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if heading:
+            slug = github_anchor(heading.group(1))
+            count = seen.get(slug, 0)
+            seen[slug] = count + 1
+            if count:
+                seen[f"{slug}-{count}"] = 1
+    return set(seen)
+
+
+# ---- links -----------------------------------------------------------------------------------------
+LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]*)>?(?:\s+\"[^\"]*\")?\s*\)")
+
+
+def link_problems(text: str, source: Path, root: Path = ROOT) -> list[str]:
+    """Every relative link (and image) of `text`, read as the file `source`, must name an existing file
+    inside `root`, and an existing heading where it names one (`file.md#heading`)."""
+    problems = []
+    for paragraph in _paragraphs(_fenced_and_prose(text)[1]):
+        for target in LINK.findall(_without_code_spans(paragraph)):
+            if not target or re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*:", target):  # http:, mailto:, …
+                continue
+            path, _, anchor = target.partition("#")
+            if not path:  # an anchor of this page
+                if anchor not in anchors(text):
+                    problems.append(f"link {target!r}: no heading with anchor #{anchor}")
+                continue
+            dest = (source.parent / unquote(path)).resolve()
+            if not dest.is_relative_to(root.resolve()):
+                problems.append(f"link {target!r} points outside the repository")
+            elif not dest.exists():
+                problems.append(f"link {target!r}: {dest.relative_to(root.resolve())} does not exist")
+            elif anchor and dest.suffix == ".md":
+                if anchor not in anchors(dest.read_text(encoding="utf-8")):
+                    problems.append(f"link {target!r}: no heading with anchor #{anchor}")
+    return problems
+
+
+# ---- command-line examples -------------------------------------------------------------------------
+def command_examples(text: str) -> list[str]:
+    """Shell lines of ```bash blocks (continuations joined) and every inline code span."""
+    code, prose = _fenced_and_prose(text)
+    examples, pending = [], ""
+    for info, line in code:
+        if info not in SHELL_FENCES:
+            continue
+        pending += line.rstrip()
+        if pending.endswith("\\"):
+            pending = pending[:-1] + " "
+            continue
+        examples.append(pending.strip())
+        pending = ""
+    examples += [span for paragraph in _paragraphs(prose) for span in _code_spans(paragraph)]
+    return [example for example in examples if example]
+
+
+def _words(command: str) -> list[str] | None:
+    """Shell words, operators (&&, |, ;) as words of their own, comments dropped; None if unparsable."""
+    lexer = shlex.shlex(command, posix=True, punctuation_chars="|&;()")
+    lexer.whitespace_split = True
+    try:
+        return list(lexer)
+    except ValueError:
+        return None
+
+
+def invocations(command: str) -> list[tuple[str, list[str]]]:
+    """(tool, arguments) of each `hnclip`/`snakemake`/`dvc` call in a shell line (also `-m hnclip`)."""
+    words = _words(command)
+    if words is None:
+        return []
+    found, segment = [], []
+    for word in [*words, ";"]:
+        if word and set(word) <= set("|&;()"):
+            while segment and re.match(r"^[A-Za-z_]\w*=", segment[0]):  # VAR=value before the command
+                segment.pop(0)
+            if segment and segment[0] in {tool for name in TOOLS for tool in (name, f".venv/bin/{name}")}:
+                found.append((segment[0].rsplit("/", 1)[-1], segment[1:]))
+            elif "-m" in segment[:-1] and segment[segment.index("-m") + 1] == "hnclip":
+                found.append(("hnclip", segment[segment.index("-m") + 2:]))
+            segment = []
+        else:
+            segment.append(word)
+    return found
+
+
+def _placeholder(word: str) -> bool:
+    return bool(re.search(r"<[^>]*>|…|\.\.\.", word))
+
+
+def _option(word: str) -> bool:
+    return word.startswith("-") and len(word) > 1 and not re.match(r"^-\d", word)
+
+
+@functools.cache
+def _params() -> dict:
+    return yaml.safe_load((ROOT / "params.yaml").read_text(encoding="utf-8"))
+
+
+def _name_problems(kind: str, name: str) -> list[str]:
+    """A profile or table named in an example must exist in params.yaml."""
+    if _placeholder(name):
+        return []
+    known = _params()["profiles"] if kind == "profile" else {**_params()["tables"], **_params()["derived_tables"]}
+    return [] if name in known else [f"unknown {kind} {name!r} (params.yaml has {', '.join(sorted(known))})"]
+
+
+def hnclip_problems(args: list[str], parser: argparse.ArgumentParser | None = None) -> list[str]:
+    """Walk `args` through hnclip's parser: verbs, option flags (exact, no abbreviations), positional
+    choices, and the profile and table names it takes. Missing required arguments are not problems: a
+    page may name a verb alone."""
+    parser = parser or build_parser()
+    problems, positionals, i = [], [a for a in parser._actions if not a.option_strings], 0
+    while i < len(args):
+        word = args[i]
+        if word == "--":
+            break
+        if _option(word):
+            flag, has_value = word.split("=", 1)[0], "=" in word
+            action = parser._option_string_actions.get(flag)
+            if action is None:
+                problems.append(f"{parser.prog}: unknown option {flag}")
+                i += 1
+                continue
+            value = word.split("=", 1)[1] if has_value else (args[i + 1] if i + 1 < len(args) else "")
+            if action.dest == "profile":
+                problems += _name_problems("profile", value)
+            if action.dest == "table":
+                problems += _name_problems("table", value)
+            i += 1 if (action.nargs == 0 or has_value) else 2
+            continue
+        if not positionals:
+            problems.append(f"{parser.prog}: unexpected argument {word!r}")
+            break
+        action = positionals.pop(0)
+        if isinstance(action, argparse._SubParsersAction):
+            if _placeholder(word):
+                break
+            if word not in action.choices:
+                problems.append(f"{parser.prog}: unknown verb {word!r}")
+                break
+            return problems + hnclip_problems(args[i + 1:], action.choices[word])
+        if action.choices and not _placeholder(word) and word not in action.choices:
+            problems.append(f"{parser.prog}: {word!r} is not one of {sorted(action.choices)}")
+        if action.dest == "table":
+            problems += _name_problems("table", word)
+        i += 1
+    return problems
+
+
+def _executable(tool: str) -> str:
+    found = shutil.which(tool, path=str(Path(sys.executable).parent)) or shutil.which(tool)
+    if found is None:
+        pytest.fail(f"{tool} is not installed: it is pinned in requirements.lock (run ./setup.sh)")
+    return found
+
+
+@functools.cache
+def help_text(tool: str, *subcommands: str) -> str:
+    """What `<tool> [subcommands] --help` prints, once per test session. DVC's comes from its own
+    argparse parser (the text `--help` prints) rather than a process per subcommand."""
+    if tool == "dvc":
+        from dvc.cli.parser import get_main_parser
+
+        parser = get_main_parser()
+        for name in subcommands:
+            choices = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+            parser = choices[name]
+        return parser.format_help()
+    result = subprocess.run([_executable(tool), *subcommands, "--help"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, f"{tool} {' '.join(subcommands)} --help failed:\n{result.stderr[-2000:]}"
+    return result.stdout
+
+
+def help_flags(text: str) -> set[str]:
+    """Option flags of a --help text: those in the usage block and at the start of option lines."""
+    flags, in_usage = set(), False
+    for line in text.splitlines():
+        in_usage = line.startswith("usage:") or (in_usage and bool(line.strip()))
+        if in_usage or re.match(r"^ {1,8}-", line):
+            flags.update(re.findall(r"(?<![\w-])(--?[A-Za-z0-9][\w-]*)", line))
+    return flags
+
+
+def help_subcommands(text: str) -> set[str]:
+    """Subcommand names of an argparse --help text: `{a,b}` in the usage, or an indented command list."""
+    usage = text.split("\n\n", 1)[0]
+    names = {name for group in re.findall(r"\{([\w,-]+)\}", usage) for name in group.split(",")}
+    listing = re.search(r"Available Commands:\n(.*?)(?:\n\S|\Z)", text, re.S)
+    if listing:
+        for name, alias in re.findall(r"^ {4}([a-z][\w-]*)(?:\s+\(([\w-]+)\))?", listing.group(1), re.M):
+            names.update({name, alias} - {""})
+    return names
+
+
+def snakemake_problems(args: list[str]) -> list[str]:
+    problems, known = [], help_flags(help_text("snakemake"))
+    for i, word in enumerate(args):
+        if _option(word) and word.split("=", 1)[0] not in known:
+            problems.append(f"snakemake: unknown option {word.split('=', 1)[0]}")
+        if word == "--config":
+            for setting in args[i + 1:]:
+                if _option(setting):
+                    break
+                key, _, value = setting.partition("=")
+                if key == "profile":
+                    problems += _name_problems("profile", value)
+                elif key not in _params():
+                    problems.append(f"snakemake --config {key}: not a top-level key of params.yaml")
+    return problems
+
+
+def dvc_problems(args: list[str]) -> list[str]:
+    """Descend through DVC's subcommands while its help lists some, then check the flags there."""
+    path, flags, descending = [], [], True
+    for word in args:
+        if _option(word):
+            flags.append(word.split("=", 1)[0])
+            continue
+        if not descending:
+            continue
+        subcommands = help_subcommands(help_text("dvc", *path))
+        if not subcommands or _placeholder(word):
+            descending = False
+        elif word not in subcommands:
+            return [f"{' '.join(['dvc', *path])}: unknown command {word!r}"]
+        else:
+            path.append(word)
+    known = help_flags(help_text("dvc", *path))
+    return [f"{' '.join(['dvc', *path])}: unknown option {flag}" for flag in flags if flag not in known]
+
+
+CHECKERS = {"hnclip": hnclip_problems, "snakemake": snakemake_problems, "dvc": dvc_problems}
+
+
+def _expand_braces(word: str) -> list[str]:
+    match = re.search(r"\{([^{}]*,[^{}]*)\}", word)
+    if not match:
+        return [word]
+    return [expanded for choice in match.group(1).split(",")
+            for expanded in _expand_braces(word[:match.start()] + choice + word[match.end():])]
+
+
+def path_problems(example: str, root: Path = ROOT) -> list[str]:
+    """Repository paths named in an example (source, workflow, scripts, …) must exist."""
+    problems = []
+    for word in (_words(example) or example.split()):
+        for candidate in _expand_braces(word.rstrip(".,:;")):
+            if _placeholder(candidate) or re.search(r"[*?$\[\]]", candidate):
+                continue
+            if candidate.startswith(CHECKED_ROOTS) or candidate in CHECKED_FILES:
+                if not (root / candidate).exists():
+                    problems.append(f"{candidate} does not exist")
+    return problems
+
+
+def command_problems(text: str, root: Path = ROOT) -> list[str]:
+    """Every command-line example of `text`: tool verbs and flags, names, and repository paths."""
+    problems = []
+    for example in command_examples(text):
+        found = invocations(example)
+        if not found and re.match(rf"^(\.venv/bin/)?({'|'.join(TOOLS)})\s", example) and _words(example) is None:
+            problems.append(f"{example!r}: not a parsable shell line")
+        for tool, args in found:
+            problems += [f"{example!r}: {problem}" for problem in CHECKERS[tool](args)]
+        problems += [f"{example!r}: {problem}" for problem in path_problems(example, root)]
+    return problems
+
+
+# ---- the documentation as committed -----------------------------------------------------------------
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_relative_links_name_existing_files_and_headings(doc: Path):
+    assert link_problems(doc.read_text(encoding="utf-8"), doc) == []
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_command_examples_use_verbs_flags_names_and_paths_that_exist(doc: Path):
+    assert command_problems(doc.read_text(encoding="utf-8")) == []
+
+
+def test_readme_shows_the_two_commands_verbatim_and_ci_runs_the_second():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    shell_lines = {line.strip() for info, line in _fenced_and_prose(readme)[0] if info in SHELL_FENCES}
+    ci_command = (ROOT / ".ci" / "run").read_text(encoding="utf-8").strip().splitlines()[-1]
+    assert ci_command == "./setup.sh && .venv/bin/python -m pytest -q -n auto --dist loadfile"
+    assert {"./setup.sh && .venv/bin/dvc repro", ci_command} <= shell_lines
+
+
+def test_readme_is_short_and_maps_every_docs_page():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 150
+    linked = {(ROOT / target).resolve() for target in LINK.findall(readme)}
+    assert {page.resolve() for page in DOCS[1:]} <= linked
+
+
+def test_no_issue_numbers_or_development_history_in_user_docs():
+    pattern = re.compile(r"[Ii]ssue ?#?[0-9]+|\bsession\b")
+    hits = [f"{doc.relative_to(ROOT)}:{n}: {line.strip()}" for doc in DOCS
+            for n, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), 1) if pattern.search(line)]
+    assert hits == []
+
+
+def test_the_readme_figure_is_drawn_from_its_csv(tmp_path):
+    """scripts/docs_figure.py renders the committed CSV (the numbers docs/results.md reports)."""
+    spec = importlib.util.spec_from_file_location("docs_figure", ROOT / "scripts" / "docs_figure.py")
+    docs_figure = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(docs_figure)
+    out = tmp_path / "figure.png"
+    assert docs_figure.main(["--out", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rows = [line.split(",") for line in (ROOT / "docs" / "table1_excerpt.csv").read_text(encoding="utf-8")
+            .splitlines() if line and not line.startswith("#")][1:]
+    results = (ROOT / "docs" / "results.md").read_text(encoding="utf-8")
+    for method, *values in rows:
+        pairs = " | ".join(f"{a} / {b}" for a, b in zip(values[::2], values[1::2]))
+        assert f"| {method} | {pairs} |" in results, method
+
+
+# ---- the checkers catch what they should --------------------------------------------------------------
+def test_link_checker_flags_missing_files_headings_and_escapes(tmp_path):
+    (tmp_path / "docs").mkdir()
+    page = tmp_path / "docs" / "page.md"
+    (tmp_path / "docs" / "other.md").write_text("# Other page\n\n## Scale-out: GPUs\n")
+    good = "See [other](other.md), [its section](other.md#scale-out-gpus), [top](#title) and [web](https://x.org).\n"
+    assert link_problems(f"# Title\n\n{good}", page, tmp_path) == []
+    broken = ("# Title\n[gone, over\ntwo lines](missing.md) ![img](figure.png) [bad anchor](other.md#nowhere) "
+              "[out](../../etc/passwd) `[not a link](nope.md)`\n```\n[in code](nope.md)\n```\n")
+    problems = link_problems(broken, page, tmp_path)
+    assert len(problems) == 4, problems
+    assert any("missing.md" in p for p in problems) and any("figure.png" in p for p in problems)
+    assert any("#nowhere" in p for p in problems) and any("outside" in p for p in problems)
+
+
+def test_hnclip_checker_flags_unknown_verbs_flags_choices_and_names():
+    good = ("```bash\n.venv/bin/hnclip --profile tiny_seeds cell table3a --dataset docci --set gamma=0.25 -n\n"
+            "torchrun --nproc_per_node 8 -m hnclip --profile paper train --run-id <run-id>\n```\n"
+            "`hnclip <verb>` and `hnclip lineage` and `hnclip auxiliary edges --dataset vg`\n")
+    assert command_problems(good) == []
+    for broken, expected in [
+            ("```bash\n.venv/bin/hnclip frobnicate --table table1\n```", "unknown verb 'frobnicate'"),
+            ("`hnclip cell table3a --datset docci`", "hnclip cell: unknown option --datset"),
+            ("`hnclip runs --tab table1`", "hnclip runs: unknown option --tab"),  # no abbreviations
+            ("`hnclip lineage t.csv --profile tiny --cell x`", "hnclip lineage: unknown option --profile"),
+            ("`hnclip auxiliary masks --dataset docci`", "'masks' is not one of ['edges', 'segments']"),
+            ("`hnclip --profile huge validate`", "unknown profile 'huge'"),
+            ("`hnclip table table99`", "unknown table 'table99'"),
+            ("`python -m hnclip train --epochs 3`", "hnclip train: unknown option --epochs"),
+            ("a span that wraps: `hnclip cell table3a\n--datset docci` here", "unknown option --datset")]:
+        problems = command_problems(broken)
+        assert any(expected in problem for problem in problems), (broken, problems)
+
+
+def test_snakemake_and_dvc_checkers_flag_unknown_options_commands_and_config():
+    good = ("```bash\n.venv/bin/snakemake --workflow-profile workflow/profiles/default --config profile=paper "
+            "'optional_tables=[tableX1]' -n\n.venv/bin/dvc exp run --set-param 'a.b=1' && .venv/bin/dvc metrics diff\n"
+            "```\n`dvc add data/real/<source>/raw`, `dvc repro`\n")
+    assert command_problems(good) == []
+    for broken, expected in [
+            ("`snakemake --workflow-profil workflow/profiles/default`", "snakemake: unknown option --workflow-profil"),
+            ("`snakemake --config profile=huge`", "unknown profile 'huge'"),
+            ("`snakemake --config no_such_key=1`", "no_such_key: not a top-level key of params.yaml"),
+            ("`dvc metrics shwo`", "dvc metrics: unknown command 'shwo'"),
+            ("`dvc frobnicate`", "dvc: unknown command 'frobnicate'"),
+            ("`.venv/bin/dvc exp run --set-params x=1`", "dvc exp run: unknown option --set-params")]:
+        problems = command_problems(broken)
+        assert any(expected in problem for problem in problems), (broken, problems)
+
+
+def test_path_checker_flags_missing_repository_paths_only():
+    assert path_problems("python3 scripts/local_slurm.py start && cat src/hnclip/losses/{goal,finelip}.py") == []
+    assert path_problems("results/tables/table1.csv data/<root>/x benchmarks/results/*.jsonl") == []
+    assert path_problems("python3 scripts/no_such_script.py") == ["scripts/no_such_script.py does not exist"]
+    assert path_problems("src/hnclip/losses/{goal,nope}.py") == ["src/hnclip/losses/nope.py does not exist"]
