@@ -3,7 +3,7 @@
 #
 #   snakemake --cores all                         # every table of the active profile (params.yaml)
 #   snakemake --cores all --config profile=paper  # the paper-scale profile
-#   snakemake results/tables/table3a.md           # one table; see README for single cells
+#   snakemake results/tables/table3a.md           # one table; see docs/pipeline.md for single cells
 
 configfile: "params.yaml"
 
