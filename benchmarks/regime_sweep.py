@@ -22,7 +22,12 @@ benchmarks/results/regime_sweep.jsonl:
   over the recipe's 4 epochs: the run is stopped at the end of epoch 1, so epoch 1 sees exactly the
   pipeline's learning rates);
 * the sibling share of the DOCCI training set (epoch-1 micro-batches of seed 42 holding two captions of
-  one family).
+  one family);
+* fine-tuning headroom (the default; `--epoch1-only` skips it): plain fine-tuning runs the recipe's full
+  epochs, evaluated on the DOCCI-like test split after each, and `headroom` is its best-epoch mean R@1
+  (mean of the two directions, the paper's selection) minus the zero-shot mean; with R@1 by edit kind
+  (`hnclip.report.edit_kinds`), zero-shot and at the best epoch, and the run's training compute
+  (micro-batches and optimizer steps, beside the pretraining's).
 
 Knobs (settings keys; all optional, absent = the profile's value):
   pretrain        dict merged into backbones.tiny_pretrained.pretrain (epochs, lr, batch_size, warmup_steps,
@@ -35,8 +40,10 @@ Knobs (settings keys; all optional, absent = the profile's value):
                   (the image tower's; the tokens per image are (image_size / patch_size)^2 + 1), embed_dim. The
                   script writes an extra open_clip model config under the scratch directory and registers it
                   with open_clip.add_model_config (what hnclip.models.factory does for its own configs).
-  variants        {role: {style, family_size}} for the roles docci and pretrain: merged into the role's
-                  params.yaml `generator:` entry (hnclip.data.synthetic.GENERATOR_OVERRIDES).
+  variants        {role: {style, family_size, edit_kinds, held_out_colors}} for the roles docci and pretrain:
+                  merged into the role's params.yaml `generator:` entry (hnclip.data.synthetic.GENERATOR_OVERRIDES;
+                  edit_kinds / held_out_colors hold a detail out, e.g. pretraining pairs that never differ in
+                  colour: {"pretrain": {"edit_kinds": ["size", "shape", "texture", "position"]}}).
   docci_sizes     the DOCCI-like dataset's sizes (train / test)
   ft_lr           the fine-tuning recipe's learning rate
   threads         torch threads of every job (default 2)
@@ -154,8 +161,8 @@ def fixed_pretraining_scale(scale: float | None):
     from hnclip.training import loop
     original = loop.load_backbone
 
-    def load(kind, path, config):
-        backbone = original(kind, path, config)
+    def load(kind, *args, **kwargs):
+        backbone = original(kind, *args, **kwargs)
         if kind == "scratch" and scale is not None:
             import torch
             with torch.no_grad():
@@ -258,6 +265,48 @@ def finetune_epoch1(reg) -> dict:
             "epoch1_infonce_last": infonce[-1], "logit_scale_after": steps[-1]["logit_scale"]}
 
 
+def finetune_full(reg) -> dict:
+    """Plain fine-tuning (`longclip_ft` on docci, the profile's recipe) for all its epochs: epoch-1 saturation,
+    R@1 after every epoch, headroom (best mean R@1 minus zero-shot) and R@1 by edit kind."""
+    from hnclip.evaluation.selection import mean_r1, select_epochs
+    from hnclip.io import read_jsonl
+    from hnclip.report.edit_kinds import benchmark_row_kinds, r1_by_kind
+    from hnclip.report.regime import epoch_share
+    from hnclip.training import loop
+    from hnclip.training.jobs import finetune_job
+    run_id = reg.run_spec("docci", reg.params["methods"]["longclip_ft"], reg.profile["seeds"][0], 1.0).run_id
+    job = finetune_job(reg, run_id)
+    job.execution = {**job.execution, "grad_probe_every": 0, "keep_epoch_weights": False}
+    job.eval_cache_dir = None
+    shutil.rmtree(job.checkpoint_dir, ignore_errors=True)
+    shutil.rmtree(job.out_dir, ignore_errors=True)
+    started = time.time()
+    try:
+        record = loop.train(job)
+    finally:
+        shutil.rmtree(job.checkpoint_dir, ignore_errors=True)
+    wall = time.time() - started
+    steps = read_jsonl(job.out_dir / "steps.jsonl")
+    zeroshot = record["initial_eval"]["docci"]
+    chosen = select_epochs(record["history"], "docci", "mean_r1")
+    best = chosen["best"]
+    kinds, _ = benchmark_row_kinds(reg, "docci")
+    by_kind = None if kinds is None else {
+        "zeroshot": r1_by_kind(zeroshot["ranks"], kinds), "best_epoch": r1_by_kind(best["metrics"]["ranks"], kinds)}
+    micro_batches = sum(h["train"]["micro_batches"] for h in record["history"])
+    return {"run_id": run_id, "lr": job.spec["recipe"]["lr"], "wall_s": wall, "epochs": len(record["history"]),
+            "zeroshot_r1": {d: zeroshot[d]["R@1"] for d in ("t2i", "i2t")}, "zeroshot_n": zeroshot["n"],
+            "epoch1_saturated_frac": epoch_share(steps, 1, "saturated_frac"),
+            "per_epoch_r1": [{"epoch": e["epoch"], **{d: e["metrics"][d]["R@1"] for d in ("t2i", "i2t")}}
+                             for e in chosen["per_epoch"]],
+            "best_epoch": best["epoch"], "best_r1": {d: best["metrics"][d]["R@1"] for d in ("t2i", "i2t")},
+            "headroom": mean_r1(best["metrics"]) - mean_r1(zeroshot),
+            "r1_by_edit_kind": by_kind,
+            "compute": {"micro_batches": micro_batches, "optimizer_steps": record["optimizer_steps"],
+                        "micro_batch": job.spec["recipe"]["micro_batch"]},
+            "logit_scale_after": steps[-1]["logit_scale"]}
+
+
 def sibling_share(reg) -> float | None:
     from hnclip.data.loader import subset_indices
     from hnclip.data.manifest import read_manifest
@@ -271,7 +320,7 @@ def sibling_share(reg) -> float | None:
 
 
 # ---- one trial ---------------------------------------------------------------------------------------
-def run_trial(name: str, settings: dict, scratch: Path, out: Path) -> dict:
+def run_trial(name: str, settings: dict, scratch: Path, out: Path, headroom: bool = True) -> dict:
     import torch
 
     from hnclip.config.constants import PRETRAIN_ROLE
@@ -300,7 +349,7 @@ def run_trial(name: str, settings: dict, scratch: Path, out: Path) -> dict:
     try:
         pre = pretrain(reg, settings.get("pretrain_scale"))
         geo = geometry(reg)
-        ft = finetune_epoch1(reg)
+        ft = finetune_full(reg) if headroom else finetune_epoch1(reg)
         siblings = sibling_share(reg)
     finally:
         os.chdir(cwd)
@@ -312,10 +361,14 @@ def run_trial(name: str, settings: dict, scratch: Path, out: Path) -> dict:
         "git": git_state(ROOT), "model_config": config_name, "model_parameters": n_params,
         "scratch": str(work), "threads": int(settings.get("threads", 2)), "cpus": os.cpu_count(),
         "load_average_1min": os.getloadavg()[0],
-        "wall_s": {"data": data_s, "pretrain": pre["wall_s"], "finetune_epoch1": ft["wall_s"],
-                   "trial": time.time() - started},
+        "wall_s": {"data": data_s, "pretrain": pre["wall_s"],
+                   ("finetune" if headroom else "finetune_epoch1"): ft["wall_s"], "trial": time.time() - started},
         "pretrain": pre, "zeroshot_r1": ft.pop("zeroshot_r1"), "caption_geometry": geo,
-        "finetune": ft, "sibling_share": siblings,
+        "finetune": ft, "sibling_share": siblings, "headroom": ft.get("headroom"),
+        # training compute per run, beside today's (params.yaml): the budget's `matrix_steps_bound_s` scales with it
+        "compute": {"pretrain_optimizer_steps": pre["optimizer_steps"],
+                    "pretrain_batch_size": params["backbones"][BACKBONE]["pretrain"]["batch_size"],
+                    "finetune": ft.get("compute")},
         "resolved": {"docci": params["profiles"]["tiny"]["datasets"]["docci"],
                      "pretrain": params["backbones"][BACKBONE]["pretrain"], "width": width(config_name),
                      "model": model_shape(config_name)},
@@ -328,11 +381,14 @@ def run_trial(name: str, settings: dict, scratch: Path, out: Path) -> dict:
 
 def summary(record: dict) -> str:
     z, g, f = record["zeroshot_r1"], record["caption_geometry"], record["finetune"]
+    headroom = "" if record.get("headroom") is None else (
+        f"best R@1 {f['best_r1']['t2i']:.1f}/{f['best_r1']['i2t']:.1f} (epoch {f['best_epoch']}), "
+        f"headroom {record['headroom']:+.1f}, ")
     return (f"{record['trial']}: pretrain {record['wall_s']['pretrain']:.0f}s"
             f"{' (reused)' if record['pretrain']['reused'] else ''}, zero-shot R@1 {z['t2i']:.1f}/{z['i2t']:.1f}, "
             f"pairwise {g['mean_pairwise_cosine']:.3f} hardest {g['mean_hardest_negative_cosine']:.3f}, "
             f"epoch-1 saturation {f['epoch1_saturated_frac']:.2f} (lr {f['lr']:g}), "
-            f"siblings {record['sibling_share']:.2f}, trial {record['wall_s']['trial']:.0f}s")
+            f"{headroom}siblings {record['sibling_share']:.2f}, trial {record['wall_s']['trial']:.0f}s")
 
 
 def model_shape(config_name: str) -> dict:
@@ -361,12 +417,20 @@ def describe(record: dict) -> str:
         resolved = record["resolved"]
         docci_spec = variant_spec("docci", resolved["docci"].get("generator"))
         docci = {"style": docci_spec.style, "family_size": docci_spec.family_size}
-        pretrain = {"style": variant_spec("pretrain", resolved["pretrain"].get("generator")).style}
+        pretrain_spec = variant_spec("pretrain", resolved["pretrain"].get("generator"))
+        pretrain = {"style": pretrain_spec.style}
         model_width, n_train = resolved["width"], resolved["docci"]["sizes"]["train"]
     else:  # records of the trials before the generator had overrides: the defaults of that commit
         docci, pretrain = s.get("variants", {}).get("docci", {}), s.get("variants", {}).get("pretrain", {})
         model_width, n_train = s.get("model", {}).get("width", 64), s.get("docci_sizes", {}).get("train", 512)
     parts.append(f"captions {docci.get('style', 'flowing')}/{pretrain.get('style', 'terse')}")
+    held = s.get("variants", {}).get("pretrain", {})
+    if s.get("variants", {}).get("docci", {}).get("edit_kinds"):
+        parts.append(f"DOCCI-like pairs differ in {'/'.join(s['variants']['docci']['edit_kinds'])} only")
+    if held.get("edit_kinds"):
+        parts.append(f"pretraining pairs edit {'/'.join(held['edit_kinds'])} only")
+    if held.get("held_out_colors"):
+        parts.append(f"pretraining never shows {'/'.join(held['held_out_colors'])}")
     shape = record.get("resolved", {}).get("model")
     if shape and (shape["patch_size"], shape["text_layers"], shape["vision_layers"]) != (8, 4, 4):
         parts.append(f"width {model_width}, {shape['vision_layers']}+{shape['text_layers']} layers, "
@@ -384,13 +448,14 @@ def describe(record: dict) -> str:
 
 def markdown_table(records: list[dict]) -> str:
     lines = ["| setting | pretraining time | zero-shot R@1 T→I/I→T | pairwise / hardest cosine | "
-             "epoch-1 saturation | sibling share |", "|---|---|---|---|---|---|"]
+             "epoch-1 saturation | sibling share | headroom |", "|---|---|---|---|---|---|---|"]
     for r in records:
         z, g = r["zeroshot_r1"], r["caption_geometry"]
         time_s = f"{r['wall_s']['pretrain']:.0f} s" + (" (reused)" if r["pretrain"]["reused"] else "")
         lines.append(f"| {describe(r)} | {time_s} | {z['t2i']:.1f}/{z['i2t']:.1f} | "
                      f"{g['mean_pairwise_cosine']:.2f} / {g['mean_hardest_negative_cosine']:.3f} | "
-                     f"{100 * r['finetune']['epoch1_saturated_frac']:.0f} % | {100 * r['sibling_share']:.0f} % |")
+                     f"{100 * r['finetune']['epoch1_saturated_frac']:.0f} % | {100 * r['sibling_share']:.0f} % | "
+                     f"{'not measured' if r.get('headroom') is None else format(r['headroom'], '+.1f')} |")
     return "\n".join(lines)
 
 
@@ -402,6 +467,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--list", action="store_true", help="print the preset trials and exit")
     parser.add_argument("--table", action="store_true", help="print the --out records as a Markdown table and exit")
+    parser.add_argument("--epoch1-only", action="store_true",
+                        help="fine-tune epoch 1 only (saturation, no headroom), as the trials before headroom")
     args = parser.parse_args(argv)
     if args.list:
         print(json.dumps(TRIALS, indent=2))
@@ -416,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         settings = json.loads(args.settings)
         name = settings.pop("name", "custom")
-    record = run_trial(name, settings, args.scratch, args.out)
+    record = run_trial(name, settings, args.scratch, args.out, headroom=not args.epoch1_only)
     print(summary(record), file=sys.stderr)
     return 0
 

@@ -39,6 +39,7 @@ from hnclip.data.auxiliary.segments import (
 )
 from hnclip.data.manifest import ManifestRow, write_manifest
 from hnclip.data.synthetic import generate_split, render_scene
+from hnclip.rehearsal.models import save_tiny_clip, save_tiny_sam
 
 GRAY, RED, GREEN, BLUE = (128, 128, 128), (220, 30, 30), (20, 90, 30), (30, 60, 220)
 PALETTE = {"red": RED, "green": GREEN, "blue": BLUE, "gray": GRAY}
@@ -114,29 +115,7 @@ def test_cpu_segmenter_recovers_the_objects_of_synthetic_scenes():
 
 @pytest.fixture(scope="module")
 def tiny_sam(tmp_path_factory):
-    from transformers import (
-        SamConfig,
-        SamImageProcessor,
-        SamMaskDecoderConfig,
-        SamModel,
-        SamProcessor,
-        SamPromptEncoderConfig,
-        SamVisionConfig,
-    )
-    torch.manual_seed(0)
-    vision = SamVisionConfig(hidden_size=16, output_channels=16, num_hidden_layers=1, num_attention_heads=1,
-                             image_size=128, patch_size=16, mlp_dim=32, window_size=4, global_attn_indexes=[0],
-                             num_pos_feats=8)
-    prompt = SamPromptEncoderConfig(hidden_size=16, image_size=128, patch_size=16, mask_input_channels=4)
-    decoder = SamMaskDecoderConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=1, mlp_dim=32,
-                                   iou_head_hidden_dim=16)
-    path = tmp_path_factory.mktemp("tiny_sam")
-    config = SamConfig(vision_config=vision.to_dict(), prompt_encoder_config=prompt.to_dict(),
-                       mask_decoder_config=decoder.to_dict())
-    SamModel(config).save_pretrained(path)
-    processor = SamImageProcessor(size={"longest_edge": 128}, pad_size={"height": 128, "width": 128})
-    SamProcessor(image_processor=processor).save_pretrained(path)
-    return path
+    return save_tiny_sam(tmp_path_factory.mktemp("tiny_sam"), image_size=128)
 
 
 def test_sam_runs_on_the_thumbnail_with_the_released_settings_and_resizes_masks_back_nearest(tiny_sam):
@@ -273,28 +252,11 @@ def test_lism_rows_without_a_segment_say_why_and_fall_back_to_the_full_image(tmp
 
 @pytest.fixture(scope="module")
 def tiny_clip(tmp_path_factory):
-    from transformers import (
-        CLIPConfig,
-        CLIPImageProcessor,
-        CLIPModel,
-        CLIPProcessor,
-        CLIPTokenizer,
-    )
-    torch.manual_seed(0)
     chars = string.ascii_lowercase + string.digits + ".,"
     vocab = {c: i for i, c in enumerate(chars)} | {c + "</w>": i + len(chars) for i, c in enumerate(chars)}
     vocab |= {"<|startoftext|>": len(vocab), "<|endoftext|>": len(vocab) + 1}
-    tokenizer = CLIPTokenizer(vocab=vocab, merges=[])
-    text = {"vocab_size": len(vocab), "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
-                "num_attention_heads": 2, "max_position_embeddings": 20, "bos_token_id": vocab["<|startoftext|>"],
-                "eos_token_id": vocab["<|endoftext|>"], "pad_token_id": vocab["<|endoftext|>"]}
-    vision = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
-                  "image_size": 32, "patch_size": 8}
-    path = tmp_path_factory.mktemp("tiny_clip")
-    CLIPModel(CLIPConfig(text_config=text, vision_config=vision, projection_dim=8)).save_pretrained(path)
-    processor = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
-    CLIPProcessor(image_processor=processor, tokenizer=tokenizer).save_pretrained(path)
-    return path
+    return save_tiny_clip(tmp_path_factory.mktemp("tiny_clip"), image_size=32, patch=8, text_context=20,
+                          vocab=vocab, merges=[], weights="model.safetensors")
 
 
 def test_hf_clip_encoders_match_the_models_own_embeddings(tiny_clip):

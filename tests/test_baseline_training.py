@@ -177,3 +177,52 @@ def test_initial_evaluation_is_computed_once_per_initial_weights(tiny_data, tmp_
     assert first["initial_eval"] == second["initial_eval"]
     assert len(calls) == 2 + 1  # one initial evaluation, one per epoch and run
     assert len(list((tmp_path / "cache").glob("*.json"))) == 1
+
+
+def test_finelip_trains_on_its_released_schedule(tiny_data, tmp_path, frameworks, auxiliary):
+    """The trainer reads FineLIP's schedule from the run's first micro-batch of each step, counted over the whole
+    run: 48 pairs, micro-batch 8 x 2 -> 6 micro-batches and 3 steps per epoch, 2 epochs. With a 3-micro-batch
+    warm-up and K = 12 / 2 = 6: step 0 at base, then f(k) for k = 1, 3, 5, 7, 9 = 2/3, 1, 1/4, 1/4, 1."""
+    settings = {**frameworks["finelip"], "num_patches": None, "lr_schedule": "released", "warmup_micro_steps": 3}
+    job = baseline_job(tiny_data, tmp_path, "finelip", settings, auxiliary,
+                       recipe={"epochs": 2, "lr": 1e-4, "module_lr": 1e-2, "decay_all": True})
+    record = train(job)
+    lrs = [s["lr"] / 1e-4 for s in read_jsonl(tmp_path / "run" / "steps.jsonl")]
+    assert lrs == pytest.approx([1.0, 2 / 3, 1.0, 0.25, 0.25, 1.0], abs=1e-9)
+    groups = {g["name"]: g for g in record["training"]["param_groups"]}
+    assert set(groups) == {"backbone", "module"}            # weight decay on every parameter, as released
+    assert groups["backbone"]["weight_decay"] == groups["module"]["weight_decay"] == 0.01
+
+
+def test_structxlip_weights_follow_the_0_based_epoch(tiny_data, tmp_path, frameworks, auxiliary):
+    """Each logged step's total is L_g + the weights of its own 0-based epoch times the terms (epochs 0 and 1
+    weigh alike, so a second epoch whose weights came from epoch 2 would show)."""
+    from hnclip.losses.structxlip import structxlip_weights
+    settings = {**frameworks["structxlip"], "weights": [0.5, 0.25, 0.25], "decay_epochs": 1}
+    train(baseline_job(tiny_data, tmp_path, "structxlip", settings, auxiliary, recipe={"epochs": 2}))
+    steps = read_jsonl(tmp_path / "run" / "steps.jsonl")
+    assert [s["epoch"] for s in steps] == [1, 1, 1, 2, 2, 2]
+    assert structxlip_weights(1, (0.5, 0.25, 0.25), (0.7, 0.5, 0.4), 1) != structxlip_weights(
+        2, (0.5, 0.25, 0.25), (0.7, 0.5, 0.4), 1)
+    for step in steps:
+        weights = structxlip_weights(step["epoch"] - 1, (0.5, 0.25, 0.25), tuple(settings["floors"]), 1)
+        want = step["g_mean"] + sum(weights[t] * step[f"{t}_mean"] for t in ("sc", "rs", "lsc"))
+        assert step["total_mean"] == pytest.approx(want, rel=1e-6, abs=1e-7), step["epoch"]
+
+
+def test_params_state_the_released_settings(project_root, frameworks):
+    """params.yaml's release settings: GOAL's equal `GoalSettings()` (the release's defaults), FineLIP trains in
+    fp32 with weight decay 0.01 on every parameter on every profile, its corrected recipe on one cosine."""
+    from hnclip.config.registry import method_recipe
+    from hnclip.losses.goal import GoalSettings
+    params = yaml.safe_load((project_root / "params.yaml").read_text())
+    goal = dict(frameworks["goal"])
+    assert goal.pop("anomaly_detection") is True                # the trainer's, not the loss's
+    assert GoalSettings.from_dict(goal) == GoalSettings()
+    assert frameworks["finelip"]["lr_schedule"] == "released" and frameworks["finelip"]["warmup_micro_steps"] == 200
+    for profile in ("tiny", "paper"):
+        for name in ("finelip", "finelip_hn", "finelip_corrected", "finelip_corrected_hn"):
+            recipe = method_recipe(params["profiles"][profile]["recipe"], params["methods"][name])
+            assert (recipe["precision"], recipe["decay_all"], recipe["weight_decay"]) == ("fp32", True, 0.01), name
+    assert params["methods"]["finelip_corrected"]["settings"] == {"lr_schedule": "cosine"}
+    assert params["methods"]["goal_corrected"]["settings"]["box_scale"] == "center_crop"

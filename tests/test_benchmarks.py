@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -155,3 +156,57 @@ def test_command1_costs_plans_the_micro_batches_of_every_run(project_root):
     planned = command1_costs.planned_micro_batches(project_root)
     assert set(planned) == {"full", "lora", "dora", "finelip", "goal", "structxlip"}
     assert planned["finelip"] == 6 * 512 // 16 * 4  # 6 runs on 512-scene training sets, 4 epochs
+
+
+def test_pretrain_wait_policy_choice_keeps_quiet_speed_and_prefers_speed_under_load():
+    wait_policy = importlib.import_module("pretrain_wait_policy")
+    conditions = [{"policy": p, "load": load, "s_per_step": s} for p, load, s in (
+        ("ACTIVE", "quiet", 0.50), ("PASSIVE", "quiet", 0.54), ("ACTIVE", "busy", 1.40), ("PASSIVE", "busy", 0.80),
+        ("ACTIVE", "quiet", 0.52), ("PASSIVE", "quiet", 0.56), ("ACTIVE", "busy", 1.20), ("PASSIVE", "busy", 0.90))]
+    choice = wait_policy.choose(conditions, 0.10)
+    assert choice["s_per_step"] == {"quiet": {"ACTIVE": pytest.approx(0.51), "PASSIVE": pytest.approx(0.55)},
+                                    "busy": {"ACTIVE": pytest.approx(1.30), "PASSIVE": pytest.approx(0.85)}}
+    assert choice["quiet_loss_vs_fastest"]["PASSIVE"] == pytest.approx(0.55 / 0.51 - 1)
+    assert choice["busy_slowdown"]["ACTIVE"] == pytest.approx(1.30 / 0.51)
+    assert (choice["eligible"], choice["chosen"]) == (["ACTIVE", "PASSIVE"], "PASSIVE")
+    # a policy more than 10 % slower on a quiet machine is not chosen, however it does under load
+    assert wait_policy.choose(conditions, 0.05)["chosen"] == "ACTIVE"
+
+
+def test_pretrain_wait_policy_records_each_condition_and_the_machine(tmp_path):
+    """A tiny run: one optimizer step of the adopted backbone per condition, each in its own process (one
+    policy, the OpenMP runtime's default, to keep it short)."""
+    wait_policy = importlib.import_module("pretrain_wait_policy")
+    out = tmp_path / "wait_policy.jsonl"
+    record = wait_policy.main(["--steps", "1", "--threads", "1", "--policies", "unset",
+                               "--scratch", str(tmp_path / "scratch"), "--out", str(out)])
+    assert read_lines(out) == [json.loads(json.dumps(record))]
+    assert record["benchmark"] == "pretrain_wait_policy" and "commit" in record["git"]
+    assert record["libraries"]["torch"] and record["backbone"]["name"] == "tiny_pretrained"
+    assert (record["steps"], record["threads"], record["cpus"]) == (1, 1, os.cpu_count())
+    assert record["gemm_gflops_1thread"] > 0 and record["gemm_gflops_1thread_after"] > 0
+    assert [(c["policy"], c["load"]) for c in record["conditions"]] == [("unset", "quiet"), ("unset", "busy")]
+    for condition in record["conditions"]:
+        assert condition["optimizer_steps"] == 1 and 0 < condition["s_per_step"] == condition["train_s"]
+        assert condition["job_wall_s"] >= condition["train_s"]
+        assert condition["omp_wait_policy"] is None  # unset in the condition's process, whatever the caller's
+    assert record["chosen"] == "unset"
+    assert record["s_per_step"]["busy"]["unset"] == record["conditions"][1]["s_per_step"]
+    with pytest.raises(SystemExit):
+        wait_policy.main(["--policies", "SPIN", "--out", str(out)])
+
+
+@pytest.mark.skipif(not (Path(sys.executable).parent / "snakemake").exists(), reason="snakemake is not in the venv")
+def test_pretraining_runs_with_the_wait_policy_params_yaml_sets(empty_project, params):
+    """The policy the benchmark chooses is a setting (`execution.pretrain_wait_policy`), not a literal of the rule."""
+    import subprocess
+
+    import yaml
+    params["profiles"]["tiny"]["execution"]["pretrain_wait_policy"] = "PASSIVE"
+    (empty_project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    (empty_project / "Snakefile").symlink_to(Path(__file__).resolve().parents[1] / "Snakefile")
+    out = subprocess.run([str(Path(sys.executable).parent / "snakemake"), "-n", "-p", "--cores", "2",
+                          "results/backbones/tiny_pretrained/model.pt"], cwd=empty_project, capture_output=True,
+                         text=True, check=True).stdout
+    (command,) = [line.strip() for line in out.splitlines() if " pretrain --backbone tiny_pretrained" in line]
+    assert command.removeprefix("Shell command:").strip().startswith("OMP_WAIT_POLICY=PASSIVE ")

@@ -277,6 +277,38 @@ def test_fallback_takes_a_backend_out_of_memory_runtime_error():
     assert fit_compute_batch(steps, 64, 16, lambda _: None) == 16 and steps.tried == [64, 32, 16]
 
 
+class FakeBackend:
+    """Stands in for torch.npu / torch.cuda / torch.mps: counts empty_cache calls."""
+
+    def __init__(self):
+        self.emptied = 0
+
+    def empty_cache(self):
+        self.emptied += 1
+
+
+@pytest.mark.parametrize("device", ["npu:0", "cuda", "mps"])
+def test_fallback_empties_the_cache_of_the_device_that_ran_out(monkeypatch, device):
+    from hnclip.runtime import device as device_module
+    backends = {kind: FakeBackend() for kind in ("npu", "cuda", "mps")}
+    for kind, backend in backends.items():
+        monkeypatch.setattr(torch, kind, backend, raising=False)
+    monkeypatch.setattr(device_module, "import_torch_npu", lambda: object())  # torch_npu "installed"
+    steps = Steps(fits=16)
+    assert fit_compute_batch(steps, 64, 16, lambda _: None, device=device) == 16
+    kind = device.split(":")[0]
+    assert backends[kind].emptied == 2  # once after each size that ran out (64, 32)
+    assert all(backend.emptied == 0 for other, backend in backends.items() if other != kind)
+
+
+def test_fallback_on_the_cpu_empties_no_accelerator_cache(monkeypatch):
+    backends = {kind: FakeBackend() for kind in ("npu", "cuda", "mps")}
+    for kind, backend in backends.items():
+        monkeypatch.setattr(torch, kind, backend, raising=False)
+    assert fit_compute_batch(Steps(fits=16), 32, 16, lambda _: None) == 16
+    assert all(backend.emptied == 0 for backend in backends.values())
+
+
 def test_fallback_never_goes_below_the_micro_batch():
     steps = Steps(fits=0)
     with pytest.raises(torch.OutOfMemoryError):

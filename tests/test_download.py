@@ -32,7 +32,17 @@ from hnclip.data.download import (
     part_path,
     read_marker,
 )
-from hnclip.data.sources import MIRROR_ENV, Source, SourceFile, get_source, resolve_url
+from hnclip.data.sources import (
+    LONGCLIP_L_FIRST_UPLOAD,
+    LONGCLIP_L_REVISION,
+    MIRROR_ENV,
+    SOURCES,
+    Source,
+    SourceFile,
+    Superseded,
+    get_source,
+    resolve_url,
+)
 
 # ---------------------------------------------------------------------------------------------
 # The fault-injecting server
@@ -289,11 +299,46 @@ def test_hub_file_without_a_full_commit_is_refused(hub, tmp_path, revision):
     assert_not_complete(dest)
 
 
-def test_longclip_weights_ask_for_their_commit_to_be_pinned(hub, tmp_path):
-    weights = get_source("longclip_l").file("longclip-L.pt")
-    with pytest.raises(DownloadError, match=r"BeichenZhang/LongCLIP-L/commits/main .*sha256 60c077e5"):
-        download_dataset("longclip_l", tmp_path, **FAST)
-    assert weights.hub_repo == "BeichenZhang/LongCLIP-L" and hub.log == []
+def longclip_pinned_to(data: bytes, first_upload: bytes | None = None) -> Source:
+    """The real Long-CLIP-L entry (repo, commit, URL, texts), its pins swapped for those of small
+    stand-ins: `data` for the current release, `first_upload` for the superseded one."""
+    pins: dict = {"checksum": sha256(data), "size": len(data)}
+    if first_upload is not None:
+        pins["supersedes"] = (Superseded(sha256(first_upload), len(first_upload), LONGCLIP_L_FIRST_UPLOAD.what),)
+    return get_source("longclip_l").with_files({"longclip-L.pt": pins})
+
+
+def test_longclip_current_release_is_fetched_at_its_pinned_commit(hub, tmp_path):
+    data = blob(4096)
+    path = hub.add_hub("BeichenZhang/LongCLIP-L", LONGCLIP_L_REVISION, "longclip-L.pt", data)
+    result = download_dataset("longclip_l", tmp_path, source=longclip_pinned_to(data), **FAST)
+    assert result.raw["longclip-L.pt"].read_bytes() == data
+    assert read_marker(result.raw["longclip-L.pt"])["sha256"] == sha256(data)
+    assert [s.status for s in hub.served(path)] == [200]  # asked for at a29856989d..., not at main
+
+
+@pytest.mark.parametrize("via", ["hub", "mirror"])
+def test_superseded_longclip_upload_is_refused_naming_the_current_release(hub, tmp_path, via):
+    current, first_upload = blob(4096), blob(4000, seed=1)
+    hub.add_hub("BeichenZhang/LongCLIP-L", LONGCLIP_L_REVISION, "longclip-L.pt", first_upload)
+    hub.add("/mirror/longclip_l/longclip-L.pt", first_upload)
+    mirror = hub.url + "/mirror" if via == "mirror" else None
+    with pytest.raises(ChecksumMismatch) as error:
+        download_dataset("longclip_l", tmp_path, mirror, source=longclip_pinned_to(current, first_upload), **FAST)
+    message = str(error.value)
+    assert "first upload of Long-CLIP-L, from before the DDP fix" in message
+    assert f"sha256 {sha256(current)}" in message
+    assert f"https://huggingface.co/BeichenZhang/LongCLIP-L/resolve/{LONGCLIP_L_REVISION}/longclip-L.pt" in message
+    assert "92e2948" not in message and "60c077e5" not in message  # never points back to it
+    assert_not_complete(tmp_path / "longclip_l" / "raw" / "longclip-L.pt")
+
+
+def test_an_unrelated_wrong_file_is_not_called_the_superseded_upload(hub, tmp_path):
+    current, other = blob(4096), blob(3000, seed=2)
+    hub.add_hub("BeichenZhang/LongCLIP-L", LONGCLIP_L_REVISION, "longclip-L.pt", other)
+    with pytest.raises(ChecksumMismatch) as error:
+        download_dataset("longclip_l", tmp_path, source=longclip_pinned_to(current, blob(4000, seed=1)), **FAST)
+    assert "first upload" not in str(error.value)
 
 
 def test_hub_file_placed_by_hand_needs_no_commit(hub, tmp_path):
@@ -412,7 +457,7 @@ def test_manual_file_prints_instructions(server, tmp_path, capsys):
 def test_longclip_weights_come_through_the_mirror(server, tmp_path, monkeypatch):
     weights = blob(4096, 7)
     server.add("/longclip_l/longclip-L.pt", weights)
-    source = get_source("longclip_l").with_files({"longclip-L.pt": {"checksum": sha256(weights)}})
+    source = longclip_pinned_to(weights)
     monkeypatch.setenv(MIRROR_ENV, server.url + "/")
     result = download_dataset("longclip_l", tmp_path, source=source, **FAST)
     assert result.raw["longclip-L.pt"].read_bytes() == weights
@@ -428,18 +473,77 @@ def test_mirror_resolution(monkeypatch):
 
 
 def test_source_table_is_complete():
-    for name in ("docci", "dci", "urban1k", "vg_paragraphs", "longclip_l"):
+    assert set(SOURCES) == {"docci", "dci", "urban1k", "vg_paragraphs", "longclip_l", "sam_vit_huge",
+                            "clip_vit_l14_336"}
+    for name in SOURCES:
         source = get_source(name)
         assert source.license and source.files
         for source_file in source.files:
             assert source_file.manual == (source_file.url is None)
             assert source_file.checksum is not None or "pin on first verified download" in source_file.note
             assert not source_file.manual or source_file.instructions
-            # every Hugging Face file goes through hf_hub_download, pinned to a full commit or not at all
+            # every Hugging Face file goes through hf_hub_download
             assert bool(source_file.hub_repo) == ("huggingface.co/" in (source_file.url or ""))
-            assert not source_file.hub_repo or source_file.revision is None \
-                or re.fullmatch(r"[0-9a-f]{40}", source_file.revision)
-    assert get_source("longclip_l").file("longclip-L.pt").checksum == \
-        "60c077e512cd95ca9fe7b13285e4e2c99073f8d6df7113eb6d2979919db397b2"
+            # ... and every one is pinned to a full commit, which its URL names
+            assert not source_file.hub_repo or (re.fullmatch(r"[0-9a-f]{40}", source_file.revision)
+                                                and f"/resolve/{source_file.revision}/" in source_file.url)
     assert get_source("dci").file("sa_000138.tar").manual
     assert get_source("urban1k").file("Urban1k.zip").revision == "953fcf1d1a3bde031d9424a91a0154e594b5a586"
+
+
+# The pins as their public pages give them (sources.py names each page next to its pin).
+PINS = {
+    ("longclip_l", "longclip-L.pt"): ("a29856989d49817508dbda0fb95c7f6ffc314331",
+                                      "9d2c12ffcbf9099f95bfb9cf8f08f949b695e22fb0018e8895e088f4a88b6afd",
+                                      1_711_923_133),
+    ("sam_vit_huge", "model.safetensors"): ("87aecf0df4ce6b30cd7de76e87673c49644bdf67",
+                                            "edfb0462392541fca9af44ff039bfb32dbd0c939997f3abb77a26e23af7afd7c", None),
+    ("clip_vit_l14_336", "pytorch_model.bin"): ("ce19dc912ca5cd21c8a653c79e251e808ccabcd1",
+                                                "c6032c2e0caae3dc2d4fba35535fa6307dbb49df59c7e182b1bc4b3329b81801",
+                                                1_711_974_081),
+    ("docci", "docci_test.json"): ("34f018e820e204ee06f9c7f56b173526ab07cb8a",
+                                   "13280acd7a17da3956e77bf761f8f202a990964fcf73dfeb2eae459d85045ca3", 3_883_735),
+    ("dci", "DCI_test.json"): ("eee0686420aae054d6d79e2289369e99c114ddf4",
+                               "35227d8dfe02eccfff44947ecd0c265fb20ce3c03a59c85f062356b7c15165ae", 1_704_117),
+    ("dci", "DCI_segment_only_sim_max_del_org.json"): (
+        "34f018e820e204ee06f9c7f56b173526ab07cb8a",
+        "40affe13d27ed8dd3dfd255659338b7712ad0b5034ee9cef7632bfd076276b97", 2_473_521),
+}
+
+
+@pytest.mark.parametrize("source, name", list(PINS))
+def test_pins_are_those_of_the_public_pages(source, name):
+    revision, checksum, size = PINS[source, name]
+    source_file = get_source(source).file(name)
+    assert (source_file.revision, source_file.checksum, source_file.algorithm, source_file.size) == \
+        (revision, checksum, "sha256", size)
+    assert revision in source_file.url
+
+
+def test_longclip_l_knows_its_superseded_first_upload_without_pointing_back_to_it():
+    weights = get_source("longclip_l").file("longclip-L.pt")
+    first_upload, = weights.supersedes
+    assert (first_upload.sha256, first_upload.size) == (
+        "60c077e512cd95ca9fe7b13285e4e2c99073f8d6df7113eb6d2979919db397b2", 1_711_920_771)  # HF commit 92e2948
+    assert weights.superseded_by_this(first_upload.sha256) is first_upload
+    assert weights.superseded_by_this(first_upload.size) is first_upload
+    assert weights.superseded_by_this(weights.checksum) is None and weights.superseded_by_this(None) is None
+    assert "92e2948" not in first_upload.what and "60c077e5" not in first_upload.what
+
+
+def test_hub_model_folders_hold_the_files_the_loaders_read():
+    clip = [f.name for f in get_source("clip_vit_l14_336").files]
+    assert "pytorch_model.bin" in clip and "model.safetensors" not in clip  # the repo has no safetensors
+    assert {"config.json", "preprocessor_config.json", "tokenizer.json", "vocab.json", "merges.txt"} <= set(clip)
+    sam = [f.name for f in get_source("sam_vit_huge").files]
+    assert sorted(sam) == ["config.json", "model.safetensors", "preprocessor_config.json"]
+
+
+def test_vg_paragraphs_come_zipped_from_visual_genomes_dataset_folder():
+    source = get_source("vg_paragraphs")
+    paragraphs = source.file("paragraphs_v1.json.zip")
+    assert paragraphs.url == "https://visualgenome.org/static/data/dataset/paragraphs_v1.json.zip"
+    assert paragraphs.is_archive and paragraphs.extract_only == "paragraphs_v1.json" and paragraphs.flatten
+    assert paragraphs.checksum is None and "pin on first verified download" in paragraphs.note
+    assert all(f.url.startswith("https://cs.stanford.edu/people/ranjaykrishna/im2p/")
+               for f in source.files if f.name.endswith("_split.json"))

@@ -286,3 +286,61 @@ def test_token_term_is_rejected(tiny):
     images, tokens = _batch(tiny)
     with pytest.raises(ValueError, match="lambda_tok"):
         finelip_loss_terms(tiny.model, module, images, tokens, {**OBJECTIVE, "lambda_tok": 1.0}, SETTINGS)
+
+
+# ---- the trainer's FineLIP: released schedule and epoch-0 ramp ----------------------------------------
+def test_released_lr_schedule_at_quarters_of_a_run():
+    """FL @9389127 (scheduler.py:10-27, train.py:204-207, :285) at its own 4x accumulation: step 0 at the base
+    rate, then f(k) of the previous micro-batch k; the cosine's period counts optimizer steps while k counts
+    micro-batches, so the rate is ~0 at 1/4 and 3/4 of the run and ~base at 1/2 and at the end."""
+    from hnclip.training.methods import finelip_released_lr
+    steps, accum = 20000, 4                                # optimizer steps; micro-batches = 80000, W = 200
+    def lr(step: int) -> float:
+        return finelip_released_lr(step * accum, steps * accum, accum, 200)
+    assert lr(0) == 1.0                                    # the optimizer's initial rate: no warm-up yet
+    assert lr(1) == pytest.approx(4 / 200) and lr(50) == pytest.approx(200 / 200)   # k = 4n - 1 < 200
+    assert lr(steps // 4) < 1e-6                           # k = 19999: cos(pi 19799/19800)
+    assert lr(steps // 2) > 0.999                          # k = 39999: cos(pi 39799/19800)
+    assert lr(3 * steps // 4) < 2e-3                       # k = 59999: cos(pi 59799/19800)
+    assert lr(steps - 1) > 0.99
+    for step in (51, 4321, 12345):                         # the formula itself
+        k = step * accum - 1
+        assert lr(step) == pytest.approx(0.5 * (1 + math.cos(math.pi * (k - 200) / (steps - 200))), abs=1e-12)
+    # the protocol's 8x accumulation: 0 at 1/8 of the run, base again near 1/4
+    assert finelip_released_lr(8 * steps // 8, 8 * steps, 8, 200) < 1e-6
+    assert finelip_released_lr(8 * steps // 4, 8 * steps, 8, 200) > 0.999
+
+
+class _Pairs:
+    def batch(self, indices):
+        raise AssertionError("not loaded here")
+
+
+@pytest.mark.parametrize("epoch0_warmup", [True, False])
+def test_trainer_applies_the_epoch0_ramp_only_when_set(tiny, epoch0_warmup):
+    """The trainer's FineLIP method (training.methods) scales L_fine by i/N in epoch 0 exactly when
+    `epoch0_warmup` is on, and never after epoch 0."""
+    from hnclip.training.methods import Position, build_method
+    torch.manual_seed(0)
+    settings = {"margin": 0.2, "max_violation": False, "num_patches": None, "aggr_ratio": 0.4, "sparse_ratio": 0.5,
+                "epoch0_warmup": epoch0_warmup, "lr_schedule": "released", "warmup_micro_steps": 200}
+    method = build_method("finelip", {**OBJECTIVE, "gamma": 0.0}, settings, tiny.model, _Pairs(), {}, None)
+    batch = _batch(tiny)
+    with torch.no_grad():
+        later = method.terms(tiny.model, batch, Position(1, 3, 8))["fine"].item()
+        first = method.terms(tiny.model, batch, Position(0, 3, 8))["fine"].item()
+    assert later > 0.1
+    assert first == pytest.approx(3 / 8 * later if epoch0_warmup else later, rel=1e-6)
+
+
+def test_trainer_schedule_setting():
+    from hnclip.training.methods import build_method, finelip_released_lr
+    model = create("hnclip-tiny").model
+    settings = {"margin": 0.2, "max_violation": False, "num_patches": None, "aggr_ratio": 0.4, "sparse_ratio": 0.5,
+                "epoch0_warmup": True, "lr_schedule": "released", "warmup_micro_steps": 3}
+    released = build_method("finelip", OBJECTIVE, settings, model, _Pairs(), {}, None)
+    assert released.lr_factor(7, 100, 4) == finelip_released_lr(7, 100, 4, 3)
+    cosine = build_method("finelip", OBJECTIVE, {**settings, "lr_schedule": "cosine"}, model, _Pairs(), {}, None)
+    assert cosine.lr_factor is None                        # the profile's schedule
+    with pytest.raises(ValueError, match="lr_schedule"):
+        build_method("finelip", OBJECTIVE, {**settings, "lr_schedule": "step"}, model, _Pairs(), {}, None)

@@ -70,6 +70,33 @@ def test_vit_l14_box_to_patch_indices(box_scale, bug, expected):
     assert got == expected
 
 
+# Non-square images (DOCCI is 4:3, SA-1B 2:3) as the tiny tower sees them: shortest side resized to 64, centre crop.
+#   120 x 90 -> 85 x 64, 10 px cut on the left; 60 x 90 -> 64 x 96, 16 px cut on top.
+@pytest.mark.parametrize("image_size, box", [
+    ((120, 90), {"x1": 30, "y1": 20, "x2": 75, "y2": 50}),   # x' 11.25..43.1: cols 1..5 (image scale: 2..4)
+    ((60, 90), {"x1": 10, "y1": 40, "x2": 40, "y2": 70}),    # y' 26.7..58.7: rows 3..7 (image scale: 3..6)
+    ((120, 90), {"x1": 2, "y1": 50, "x2": 25, "y2": 88}),    # partly cut off by the crop: what remains
+])
+def test_center_crop_boxes_select_the_patches_the_tower_sees(backbone, image_size, box):
+    """The corrected geometry selects exactly the patches that show the box after the tower's own preprocessing."""
+    from PIL import Image, ImageDraw
+    blank = Image.new("RGB", image_size, (128, 128, 128))
+    painted = blank.copy()
+    ImageDraw.Draw(painted).rectangle([box["x1"], box["y1"], box["x2"] - 1, box["y2"] - 1], fill=(255, 0, 0))
+    changed = (backbone.preprocess(painted) - backbone.preprocess(blank)).abs().amax(dim=0)   # [64, 64]
+    shown = (changed > 0.5 * changed.max()).reshape(8, 8, 8, 8).any(dim=3).any(dim=1)      # [row, col]
+    expected = [r * 8 + c + 1 for r, c in shown.nonzero().tolist()]
+    box = {**box, "width": box["x2"] - box["x1"], "height": box["y2"] - box["y1"]}
+    assert _indices(box, image_size, 64, 8, patch_size_bug=False, box_scale="center_crop") == expected
+    assert _indices(box, image_size, 64, 8, patch_size_bug=False, box_scale="image") != expected
+
+
+def test_center_crop_box_cut_off_entirely_keeps_its_border_patch():
+    # 120 x 90: x 0..12 maps to 0..8.5 - 10 < 0, all inside the 10 px the crop removes; y 0..20 -> rows 0..1
+    box = {"x1": 0, "y1": 0, "x2": 12, "y2": 20, "width": 12, "height": 20}
+    assert _indices(box, (120, 90), 64, 8, patch_size_bug=False, box_scale="center_crop") == [1, 9]
+
+
 def test_patch_size_bug_reads_other_tokens_on_the_real_grid():
     """On the real 16-wide L/14 grid the buggy 14-wide indices of one column fan out over columns."""
     got = _indices(L14_BOX, (1000, 800), 224, 14, patch_size_bug=True, box_scale="crop")
@@ -357,3 +384,65 @@ def test_settings_from_dict():
         GoalSettings.from_dict({"box_scal": "image"})
     with pytest.raises(ValueError):
         GoalSettings(box_scale="pixels")
+
+
+BANG_CAPTIONS = ["The shop sign above the old wooden door reads 'OPEN!'. A cat naps on the step.",
+                 "Two cats sleep on a sofa. The sofa is green.", "A man rides a bike. Rain."]
+
+
+def test_a_caption_holding_id_0_keeps_its_eot(backbone, bpe):
+    """Id 0 is both the padding id and BPE '!': a caption holding it, the batch's longest, must keep its EOT
+    (trimming by the count of non-zero ids cut it off), so every term equals the full-context computation."""
+    tokens = backbone.tokenizer(BANG_CAPTIONS)
+    assert 0 in tokens[0, 1:int(tokens[0].argmax())].tolist()
+    assert int(tokens[0].argmax()) == int(tokens.argmax(dim=-1).max())  # the longest of the batch
+    gen = torch.Generator().manual_seed(2)
+    sentences = [caption.split(".")[0].strip() for caption in BANG_CAPTIONS[1:]] + ["Rain"]
+    bang = GoalBatch(images=torch.randn(3, 3, 64, 64, generator=gen), tokens=tokens,
+                     segment_images=torch.randn(3, 3, 64, 64, generator=gen),
+                     segment_tokens=backbone.tokenizer(sentences), patch_mask=patch_mask([[1, 2], [5], [9]], 65),
+                     text_spans=torch.tensor([[1, 3], [1, 2], [2, 2]]))
+    with torch.no_grad():
+        terms = goal_loss_terms(backbone.model, bang, _objective(0.5), GoalSettings())
+    for name, want in _reference_terms(backbone.model, bang, 0.5).items():
+        assert abs(float(terms[name]) - float(want)) < 1e-5 * max(1.0, abs(float(want))), name
+
+
+def test_goal_settings_defaults_are_the_release():
+    """The defaults reproduce goal_loss_finetuning.py @2db3d4a: L = L_org + 0.5 L_seg + L_patch + L_text
+    (:351) and every released quirk on; params.yaml's `frameworks.goal` states the same values."""
+    assert GoalSettings() == GoalSettings(patch_size_bug=True, box_scale="crop", late_by_one=True,
+                                          double_forward=True, seg_weight=0.5, patch_weight=1.0, text_weight=1.0)
+    assert (GoalSettings().seg_weight, GoalSettings().patch_weight, GoalSettings().text_weight) == (0.5, 1.0, 1.0)
+
+
+def test_bf16_runs_take_the_hidden_states_from_an_fp32_forward(backbone, batch):
+    """As released (goal_loss_finetuning.py:250-256, :292-300, :339-348): under bf16 autocast the globals come
+    from the autocast forward, the hidden states from a second forward outside it, pooled and put through
+    LN + projection in fp32."""
+    from hnclip.losses.goal import _text_length, pool_patches, pool_span
+    model, size = backbone.model, 3
+
+    def bf16():
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    images = torch.cat([batch.images, batch.segment_images])
+    tokens = torch.cat([batch.tokens, batch.segment_tokens])[:, :_text_length(batch)]
+    with torch.no_grad():
+        terms = goal_loss_terms(model, batch, _objective(0.5), GoalSettings(double_forward=False), autocast=bf16)
+        with bf16():
+            v, image_hidden_bf16 = encode_image_hidden(model, images)
+            t, text_hidden_bf16 = encode_text_hidden(model, tokens)
+            u_bf16 = pool_patches(model, image_hidden_bf16[:size], batch.patch_mask)
+            w_bf16 = pool_span(model, text_hidden_bf16[:size], batch.text_spans)
+        _, image_hidden = encode_image_hidden(model, images)
+        _, text_hidden = encode_text_hidden(model, tokens)
+        u = pool_patches(model, image_hidden[:size], batch.patch_mask)
+        w = pool_span(model, text_hidden[:size], batch.text_spans)
+    assert u.dtype == w.dtype == torch.float32
+
+    def mse(pooled, target):
+        return float(((pooled.float() * target.float()).sum(-1) - 1).pow(2).mean())
+    for name, pooled, pooled_bf16, target in (("patch", u, u_bf16, v[size:]), ("text", w, w_bf16, t[size:])):
+        want, all_bf16 = mse(pooled, target), mse(pooled_bf16, target)
+        assert abs(float(terms[name]) - want) <= 1e-6 * max(1.0, want), name
+        assert abs(all_bf16 - want) > 1e-5 * max(1.0, want), name  # bf16 hidden states: another value

@@ -1,6 +1,6 @@
 """The package's layers hold: a module imports only its own layer, its peers and the layers below.
 
-    cli, __main__  ->  steps  ->  training / evaluation / report / provenance
+    cli, __main__, rehearsal  ->  steps  ->  training / evaluation / report / provenance
     ->  data / models / losses  ->  config / runtime  ->  io / errors / hashing / _lazy (ground)
 
 Imports are read from the source (every `import`/`from ... import`, function-local ones included).
@@ -16,7 +16,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "hnclip"
 LAYERS = {
-    "cli": 6, "__main__": 6,
+    "cli": 6, "__main__": 6, "rehearsal": 6,   # rehearsal: a command that runs the whole workflow
     "steps": 5,
     "training": 4, "evaluation": 4, "report": 4, "provenance": 4,
     "data": 3, "models": 3, "losses": 3,

@@ -35,6 +35,7 @@ from hnclip.models.longclip import (
     stretch_positional_embedding,
 )
 from hnclip.provenance.audit import audit
+from hnclip.rehearsal.models import longclip_layout_state_dict
 
 WIDTH, LAYERS, IMAGE, PATCH, EMBED, VOCAB, CONTEXT = 64, 2, 32, 8, 64, 49408, 248
 HEAD_WIDTH = 32  # 2 heads per tower, so head splitting is exercised (real Long-CLIP-L: 64)
@@ -47,60 +48,9 @@ TOL = 1e-5
 # A scaled-down checkpoint with exactly the released key layout (OpenAI CLIP names + PE_res)
 # ---------------------------------------------------------------------------------------------
 
-def _block_tensors(prefix: str, width: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
-    def randn(*shape, std):
-        return torch.randn(*shape, generator=gen) * std
-
-    return {
-        f"{prefix}.attn.in_proj_weight": randn(3 * width, width, std=width ** -0.5),
-        f"{prefix}.attn.in_proj_bias": randn(3 * width, std=0.02),
-        f"{prefix}.attn.out_proj.weight": randn(width, width, std=width ** -0.5),
-        f"{prefix}.attn.out_proj.bias": randn(width, std=0.02),
-        f"{prefix}.ln_1.weight": 1 + randn(width, std=0.1),
-        f"{prefix}.ln_1.bias": randn(width, std=0.02),
-        f"{prefix}.mlp.c_fc.weight": randn(4 * width, width, std=width ** -0.5),
-        f"{prefix}.mlp.c_fc.bias": randn(4 * width, std=0.02),
-        f"{prefix}.mlp.c_proj.weight": randn(width, 4 * width, std=(4 * width) ** -0.5),
-        f"{prefix}.mlp.c_proj.bias": randn(width, std=0.02),
-        f"{prefix}.ln_2.weight": 1 + randn(width, std=0.1),
-        f"{prefix}.ln_2.bias": randn(width, std=0.02),
-    }
-
-
 def make_longclip_state_dict(seed: int = 0, context: int = CONTEXT, with_res: bool = True) -> dict[str, torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-
-    def randn(*shape, std):
-        return torch.randn(*shape, generator=gen) * std
-
-    grid = IMAGE // PATCH
-    sd = {
-        "visual.class_embedding": randn(WIDTH, std=WIDTH ** -0.5),
-        "visual.positional_embedding": randn(grid * grid + 1, WIDTH, std=0.1),
-        "visual.conv1.weight": randn(WIDTH, 3, PATCH, PATCH, std=0.1),
-        "visual.ln_pre.weight": 1 + randn(WIDTH, std=0.1),
-        "visual.ln_pre.bias": randn(WIDTH, std=0.02),
-    }
-    for layer in range(LAYERS):
-        sd.update(_block_tensors(f"visual.transformer.resblocks.{layer}", WIDTH, gen))
-    sd.update({
-        "visual.ln_post.weight": 1 + randn(WIDTH, std=0.1),
-        "visual.ln_post.bias": randn(WIDTH, std=0.02),
-        "visual.proj": randn(WIDTH, EMBED, std=WIDTH ** -0.5),
-        "token_embedding.weight": randn(VOCAB, WIDTH, std=0.1),
-        "positional_embedding": randn(context, WIDTH, std=0.1),
-    })
-    if with_res:  # deliberately different from positional_embedding, so a wrong merge shows
-        sd["positional_embedding_res"] = randn(context, WIDTH, std=0.1)
-    for layer in range(LAYERS):
-        sd.update(_block_tensors(f"transformer.resblocks.{layer}", WIDTH, gen))
-    sd.update({
-        "ln_final.weight": 1 + randn(WIDTH, std=0.1),
-        "ln_final.bias": randn(WIDTH, std=0.02),
-        "text_projection": randn(WIDTH, EMBED, std=WIDTH ** -0.5),
-        "logit_scale": torch.tensor(math.log(100.0)),
-    })
-    return sd
+    return longclip_layout_state_dict(width=WIDTH, layers=LAYERS, image=IMAGE, patch=PATCH, embed=EMBED, vocab=VOCAB,
+                                      context=context, seed=seed, with_res=with_res)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -326,10 +276,44 @@ def test_hash_mismatch_raises(checkpoint):
         load_longclip(checkpoint, expected_sha256="0" * 64, head_width=HEAD_WIDTH)
 
 
-def test_default_pin_is_the_released_longclip_l(checkpoint):
-    assert LONGCLIP_L_SHA256 == "60c077e512cd95ca9fe7b13285e4e2c99073f8d6df7113eb6d2979919db397b2"
-    with pytest.raises(ChecksumMismatchError, match=LONGCLIP_L_SHA256):
+CURRENT_COMMIT = "a29856989d49817508dbda0fb95c7f6ffc314331"  # BeichenZhang/LongCLIP-L, after the DDP fix
+FIRST_UPLOAD_SHA256 = "60c077e512cd95ca9fe7b13285e4e2c99073f8d6df7113eb6d2979919db397b2"  # commit 92e2948
+
+
+def _verified_as(checkpoint, directory, sha256: str):
+    """A copy of `checkpoint` with the `.complete` marker `hnclip download` would leave had it hashed
+    to `sha256` (loads trust the marker: a stand-in for the 1.7 GB files)."""
+    path = directory / "longclip-L.pt"
+    path.write_bytes(checkpoint.read_bytes())
+    download._write_marker(path, {"sha256": sha256}, "sha256", sha256, None)
+    return path
+
+
+def test_default_pin_is_the_current_longclip_l_release(checkpoint):
+    assert LONGCLIP_L_SHA256 == "9d2c12ffcbf9099f95bfb9cf8f08f949b695e22fb0018e8895e088f4a88b6afd"
+    with pytest.raises(ChecksumMismatchError) as error:
         load_longclip(checkpoint, head_width=HEAD_WIDTH)
+    message = str(error.value)
+    for needle in (LONGCLIP_L_SHA256, CURRENT_COMMIT, "1,711,923,133 bytes",
+                   "hnclip --profile paper download longclip_l",
+                   f"https://huggingface.co/BeichenZhang/LongCLIP-L/resolve/{CURRENT_COMMIT}/longclip-L.pt"):
+        assert needle in message
+    assert "first upload" not in message  # an unknown file is not called the superseded one
+
+
+def test_the_current_release_loads_with_the_default_pin(checkpoint, tmp_path):
+    path = _verified_as(checkpoint, tmp_path, LONGCLIP_L_SHA256)
+    assert load_longclip(path, head_width=HEAD_WIDTH).sha256 == LONGCLIP_L_SHA256
+
+
+def test_the_superseded_first_upload_is_refused_naming_the_current_release(checkpoint, tmp_path):
+    path = _verified_as(checkpoint, tmp_path, FIRST_UPLOAD_SHA256)
+    with pytest.raises(ChecksumMismatchError) as error:
+        load_longclip(path, head_width=HEAD_WIDTH)
+    message = str(error.value)
+    assert "first upload of Long-CLIP-L, from before the DDP fix" in message
+    assert CURRENT_COMMIT in message and f"sha256 {LONGCLIP_L_SHA256}" in message
+    assert "92e2948" not in message  # never points back to the superseded commit
 
 
 def test_hash_mismatch_can_be_opted_out_explicitly(checkpoint):

@@ -284,8 +284,10 @@ def test_vg_paragraph_manifests(server, tmp_path):
                    "url": f"https://cs.stanford.edu/people/rak248/{folder}/{i}.jpg"} for i, folder in folder_of.items()]
     paragraphs.append({"image_id": 2, "paragraph": "A duplicate.", "url": ""})
     paragraphs_json = json.dumps(paragraphs).encode()
+    # as Visual Genome serves it: paragraphs_v1.json zipped (public scripts read it at the zip's root)
+    paragraphs_zip = zip_bytes({"paragraphs_v1.json": paragraphs_json})
     blobs = {
-        "paragraphs_v1.json": paragraphs_json,
+        "paragraphs_v1.json.zip": paragraphs_zip,
         "train_split.json": b"[1, 2, 3, 4]", "val_split.json": b"[5]", "test_split.json": b"[6, 99]",
         "images.zip": zip_bytes({f"VG_100K/{i}.jpg": jpeg(i) for i in (1, 2, 3)}),
         "images2.zip": zip_bytes({f"VG_100K_2/{i}.jpg": png(i) for i in (4, 5, 6)}),
@@ -296,7 +298,7 @@ def test_vg_paragraph_manifests(server, tmp_path):
     for split, ids in (("train", [1, 2, 3, 4]), ("val", [5]), ("test", [6])):
         assert rows_of(out / f"{split}.jsonl") == [
             expected_row(str(i), f"../../data/vg_paragraphs/extracted/{folder_of[i]}/{i}.jpg", f"Paragraph {i}.",
-                         split, paragraphs_json) for i in ids]
+                         split, paragraphs_zip) for i in ids]
     assert report.counts == {"train": 4, "val": 1, "test": 1}
     assert "paragraphs_v1.json: 6 images, 1 duplicate image ids (first kept)" in report.notes
     assert any("test_split.json: 1 ids without a paragraph" in note for note in report.notes)

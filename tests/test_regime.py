@@ -152,6 +152,7 @@ def test_targets_are_validated_by_the_schema(params):
 # ---- `hnclip regime` end to end on hand-written inputs --------------------------------------------------
 R1 = {"t2i": 42.5, "i2t": 38.0}
 GEOMETRY = {"docci": (0.62, 0.93), "dci": (0.55, 0.91), "long_dci": (0.48, 0.95), "urban1k": (0.71, 0.92)}
+FT_GAIN = {"t2i": 7.5, "i2t": 3.0}
 HN_HISTORY = [{"epoch": 1, "train": {"hn_saturated_frac": 0.05}}]
 
 
@@ -161,6 +162,8 @@ def write_project(reg: Registry) -> dict:
     write_json(paths.evaluation(reg.zeroshot_id(), "docci"),
                {"best": {"epoch": 0, "metrics": {d: {"R@1": v} for d, v in R1.items()}}})
     runs = {"plain": planned_run(reg, "longclip_ft", "docci"), "hn": planned_run(reg, "hn_only", "docci")}
+    write_json(paths.evaluation(runs["plain"], "docci"),  # its best epoch: +7.5 / +3.0 over zero-shot
+               {"best": {"epoch": 3, "metrics": {d: {"R@1": v + FT_GAIN[d]} for d, v in R1.items()}}})
     write_jsonl(paths.run_steps(runs["plain"]), [{**s, "epoch": 1, "micro_batches": micro} for s in (
         {"step": 1, "saturated_frac": 0.75}, {"step": 2, "saturated_frac": 0.25}, {"step": 3, "saturated_frac": 0.5})])
     write_json(paths.run_record(runs["plain"]), {"history": []})
@@ -211,6 +214,10 @@ def test_cli_writes_the_report_and_its_markdown(params, tmp_path, monkeypatch, c
     geometry = by_key["caption_geometry"]["checks"]
     assert [c["met"] for c in geometry] == [True, True, False, True]  # Long-DCI 0.48 < 0.5
     assert geometry[0]["hardest_negative"] == 0.93 and report["all_met"] is False
+    headroom = by_key["headroom"]["checks"]  # plain fine-tuning's best epoch − zero-shot, per direction
+    assert [(c["value"], c["met"]) for c in headroom] == [(pytest.approx(7.5), True), (pytest.approx(3.0), False)]
+    assert headroom[0]["source"] == str(paths.evaluation(made["plain"], "docci")) and "epoch 3" in headroom[0]["note"]
+    assert by_key["headroom"]["met"] is False
     assert report["runs"] == {"plain": made["plain"], "hn": made["hn"]}
     inputs = report["provenance"]["inputs"]
     assert inputs[f"steps:{made['plain']}"]["sha256"] and inputs["train_manifest:vg"]["path"].endswith("vg/train.jsonl")
@@ -219,6 +226,8 @@ def test_cli_writes_the_report_and_its_markdown(params, tmp_path, monkeypatch, c
     assert "**All preconditions met: no**" in md
     assert "| Zero-shot R@1 (%) before fine-tuning | DOCCI T→I R@1 | 42.50 | ≥ 40 | yes |" in md
     assert "| Mean pairwise caption cosine (initial backbone) | Long-DCI test captions | 0.480 | ≥ 0.5 | no |" in md
+    assert "| Fine-tuning headroom: plain fine-tuning − zero-shot R@1 (points) | DOCCI I→T R@1 | 3.00 | ≥ 5 | no |" \
+        in md
 
 
 def test_a_run_no_table_trains_is_reported_not_measured(params, tmp_path, monkeypatch):

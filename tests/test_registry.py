@@ -180,7 +180,7 @@ def test_schema_rejects_malformed_params(params, in_project, mutate, message):
 @pytest.mark.parametrize("mutate, message", [
     (lambda p: p["tables"]["table3a"].update(method="hn_clap"), r"tables\.table3a: unknown method 'hn_clap'; allowed values: \["),  # noqa: E501
     (lambda p: p["tables"]["table3a"]["benchmarks"].append("coco"), r"tables\.table3a\.benchmarks\.4: unknown benchmark 'coco'"),  # noqa: E501
-    (lambda p: p.update(profile="huge"), r"profile: unknown profile 'huge'; allowed values: \['paper', 'tiny', 'tiny_seeds'\]"),  # noqa: E501
+    (lambda p: p.update(profile="huge"), r"profile: unknown profile 'huge'; allowed values: \['paper', 'paper_rehearsal', 'tiny', 'tiny_seeds'\]"),  # noqa: E501
     (lambda p: p["profiles"]["tiny"].update(backbone="vit_h"), r"backbone: unknown backbone 'vit_h'"),
     (lambda p: p["methods"]["goal"].update(settings={"patch_bug": False}),
      r"methods\.goal\.settings: unknown key\(s\) \['patch_bug'\] for the goal framework"),

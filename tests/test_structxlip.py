@@ -62,10 +62,27 @@ def test_filter_covers_synthetic_vocabulary():
     for colour in ("red", "orange", "yellow", "green", "blue", "purple", "white", "black"):
         assert filter_caption(f"A {colour} square sits left of the circle.") == "A square sits left of the circle."
     caption = "A striped square, a dotted ring, a checkered star and a solid circle."
-    assert filter_caption(caption, categories=("textures",)) == "A square, a ring, a star and a circle."
+    # "solid" is not in the released texture list
+    assert filter_caption(caption, categories=("textures",)) == "A square, a ring, a star and a solid circle."
     assert filter_caption(caption) == caption                      # colours only by default
-    assert filter_caption("A red wooden box on the blue glass shelf.", ("colors", "materials")) == \
-        "A box on the shelf."
+    assert filter_caption("A red wood box on the blue glass shelf.", ("colors", "materials")) == \
+        "A box on the shelf."                                      # "wooden" is not a released material
+
+
+def test_filter_uses_the_released_word_lists():
+    """StructXLIP's DEFAULT_VOCAB (structxlip/text_filters.py @bd63274): its sizes, colours only it lists
+    ("mint", "hot pink", "wine red") removed, colours it does not list ("coral", "golden") kept, and its
+    insect lexicon applied before the colours."""
+    from hnclip.data.auxiliary import structxlip_lexicon as lexicon
+    assert [len(v) for v in (lexicon.COLORS, lexicon.MATERIALS, lexicon.TEXTURES, lexicon.INSECT_TERMS)] == \
+        [56, 46, 47, 114]
+    assert lexicon.SOURCE["commit"].startswith("bd63274") and len(lexicon.STOPWORDS) == 20
+    assert filter_caption("A mint cup and a hot pink wine red vase stand here.") == "A cup and a vase stand here."
+    assert filter_caption("A coral cup and a golden vase stand here.") == "A coral cup and a golden vase stand here."
+    assert filter_caption("A felt hat on a mesh chair.", ("materials",)) == "A hat on a chair."
+    assert filter_caption("A rufous beetle with dark brown wings.", ("insect",)) == "A beetle with wings."
+    # "dark brown" is an insect phrase: removed whole before the colours could take "brown" alone
+    assert filter_caption("A dark brown beetle sits there.", ("insect", "colors")) == "A beetle sits there."
 
 
 def test_filter_rejects_unknown_category():
@@ -253,6 +270,19 @@ def test_text_states_match_open_clip(tiny, tokenizer):
     assert torch.allclose(F.normalize(pooled, dim=-1), expected, atol=1e-5)
 
 
+def test_text_states_keep_the_eot_of_a_caption_holding_id_0(tiny, tokenizer):
+    """Id 0 is both the padding id and BPE '!': the batch's longest caption holds it, and its global feature
+    must still be read at its EOT (trimming by the count of non-zero ids cut the EOT off)."""
+    captions = ["The shop sign above the old wooden door reads 'OPEN!'. A cat naps on the step.", CAPTIONS[2]]
+    tokens = tokenizer(captions)
+    assert 0 in tokens[0, 1:int(tokens[0].argmax())].tolist() and int(tokens[0].argmax()) > int(tokens[1].argmax())
+    with torch.no_grad():
+        pooled, hidden = encode_text_states(tiny.model, tokens)
+        expected = tiny.model.encode_text(tokens, normalize=True)
+    assert hidden.shape[1] == int(tokens[0].argmax()) + 1
+    assert torch.allclose(F.normalize(pooled, dim=-1), expected, atol=1e-5)
+
+
 def test_gamma_changes_only_the_global_term(tiny, tokenizer):
     batch = make_batch(tokenizer)
     with torch.no_grad():
@@ -317,6 +347,33 @@ def test_lsc_term_matches_loop_reference(tiny, tokenizer, chunk_tokens):
             per_sample.append(sum(losses) / len(losses))
     assert batch.chunk_spans[0] and batch.chunk_spans[1]
     assert lsc.item() == pytest.approx(sum(per_sample) / 2, rel=1e-4)
+
+
+def test_bf16_runs_pool_and_project_chunks_in_fp32(tiny, tokenizer):
+    """As released (losses.py:171-187, called outside Fabric's autocast): under bf16 autocast the forward runs
+    in bf16, the chunk pooling, its final LN and projection in fp32."""
+    from hnclip.losses.structxlip import _unit
+    batch, model, n = make_batch(tokenizer), tiny.model, len(CAPTIONS)
+
+    def bf16():
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    span_end = max(end for sample in batch.chunk_spans for _, end in sample)
+    with torch.no_grad():
+        lsc = structxlip_loss_terms(model, batch, objective(0.0), DEFAULT_SETTINGS, 0, autocast=bf16)["lsc"]
+        with bf16():
+            crops = model.visual(batch.edge_crops.flatten(0, 1))
+            _, hidden = encode_text_states(model, torch.cat([batch.tokens, batch.filtered_tokens]), span_end)
+            pooled_bf16, _ = pool_chunks(hidden[:n], batch.chunk_spans)
+            chunks_bf16 = model.ln_final(pooled_bf16) @ model.text_projection
+        pooled, mask = pool_chunks(hidden[:n].float(), batch.chunk_spans)
+        chunks = model.ln_final(pooled) @ model.text_projection
+        sigma = min(model.logit_scale.exp().item() / 0.07, 100.0)
+        crops = _unit(crops.float()).view(n, 2, -1)
+        want = local_structure_loss(_unit(chunks), mask, crops, batch.crop_valid, sigma)
+        all_bf16 = local_structure_loss(_unit(chunks_bf16.float()), mask, crops, batch.crop_valid, sigma)
+    assert chunks.dtype == torch.float32
+    assert lsc.item() == pytest.approx(want.item(), rel=1e-6)
+    assert abs(all_bf16.item() - want.item()) > 1e-5 * want.item()   # bf16 chunk heads: another value
 
 
 def test_chunk_token_setting_changes_lsc(tiny, tokenizer):

@@ -308,3 +308,72 @@ def test_generator_overrides_are_part_of_the_fingerprint_and_rejected_when_unkno
     with pytest.raises(ValueError, match="family_size must be an integer from 1 to 6"):
         generate_split("docci", "train", 8, seed=0, generator={"family_size": 9})
     assert not (tmp_path / "d").exists()
+
+
+# Content of two small splits as the generator made them before hold-outs existed (GENERATOR_VERSION 2): ids,
+# captions, edits and pixel arrays (not PNG bytes, which depend on zlib). A change that alters them must bump
+# GENERATOR_VERSION and update these.
+UNCHANGED_OUTPUTS = {
+    ("docci", 0, (("train", 40), ("test", 30)), (("family_size", 2), ("style", "simple"))):
+        "1565e16949e28334e621665e22ea1aaca3404382f6092d8a56d4d12e983c7a80",
+    ("pretrain", 1, (("train", 40), ("test", 10)), (("style", "simple"),)):
+        "1a141793cacd477331807918b76055faf9a93ca8729c7a4fcf15e240b928f85d",
+}
+
+
+@pytest.mark.parametrize("case", list(UNCHANGED_OUTPUTS))
+def test_outputs_without_a_hold_out_are_unchanged(case):
+    from hnclip.data.synthetic import GENERATOR_VERSION
+    variant, seed, sizes, generator = case
+    digest = hashlib.sha256()
+    for split, n in sizes:
+        for s in generate_split(variant, split, n, seed, 64, dict(generator)):
+            for part in (s.id.encode(), s.caption.encode(), str(s.short_caption).encode(), s.image.tobytes(),
+                         str(s.edit).encode()):
+                digest.update(part)
+    assert (GENERATOR_VERSION, digest.hexdigest()) == (2, UNCHANGED_OUTPUTS[case])
+
+
+HOLD_OUT = {"style": "simple", "edit_kinds": ["size", "shape", "texture", "position"],
+            "held_out_colors": ["purple", "orange"]}
+
+
+def test_a_held_out_detail_never_shows_and_is_part_of_the_fingerprint():
+    from hnclip.data.synthetic import HeldOutSpec, VariantSpec, variant_spec
+    samples = generate_split("pretrain", "train", 300, seed=1, generator=HOLD_OUT)
+    assert {s.edit for s in samples} == {None, "size", "shape", "texture", "position"}  # pairs never differ in colour
+    families = _families(samples)
+    for members in families.values():
+        for sibling in list(members.values())[1:]:
+            assert "color" not in {attr for _, attr in scene_differences(members[0].scene, sibling.scene)}
+    colours = {obj.color for s in samples for obj in s.scene.objects}
+    assert colours == {"red", "yellow", "green", "blue", "white", "black"}
+    assert not any(word in s.caption for s in samples for word in ("purple", "orange"))
+    # the spec records what it holds out, in the vocabulary's order whatever order params.yaml gives
+    spec = variant_spec("pretrain", {**HOLD_OUT, "held_out_colors": ["orange", "purple"]})
+    assert isinstance(spec, HeldOutSpec) and spec.held_out_colors == ("orange", "purple")
+    assert spec.edit_kinds == ("shape", "texture", "size", "position")
+    sizes = {"train": 8}
+    digests = {name: dataset_fingerprint("pretrain", sizes, 1, generator=g)["digest"] for name, g in {
+        "plain": {"style": "simple"}, "both": HOLD_OUT,
+        "kinds": {"style": "simple", "edit_kinds": HOLD_OUT["edit_kinds"]},
+        "colours": {"style": "simple", "held_out_colors": ["purple"]},
+        "nothing held out": {"style": "simple", "edit_kinds": ["position", "color", "size", "shape", "texture"],
+                             "held_out_colors": []}}.items()}
+    assert len(set(digests.values())) == 4 and digests["nothing held out"] == digests["plain"]
+    assert type(variant_spec("pretrain", {"edit_kinds": list(reversed(HOLD_OUT["edit_kinds"])) + ["color"]})) \
+        is VariantSpec  # nothing held out: the plain spec, so today's fingerprints stay as they are
+
+
+def test_hold_outs_are_validated():
+    from hnclip.data.synthetic import COLORS, variant_spec
+    with pytest.raises(ValueError, match=r"unknown edit_kinds \['hue'\]"):
+        generate_split("docci", "train", 8, seed=0, generator={"edit_kinds": ["hue"]})
+    with pytest.raises(ValueError, match="family_size 6 needs 5 distinct edit kinds per family"):
+        generate_split("docci", "train", 8, seed=0, generator={"family_size": 6, "edit_kinds": ["size", "shape"]})
+    with pytest.raises(ValueError, match="leaves 1 colour"):
+        generate_split("docci", "train", 8, seed=0, generator={"held_out_colors": list(COLORS)[1:]})
+    with pytest.raises(ValueError, match="edit_kinds must name at least one"):
+        dataset_fingerprint("docci", {"train": 8}, 0, generator={"edit_kinds": []})
+    with pytest.raises(ValueError, match="must be a list of names"):
+        variant_spec("docci", {"held_out_colors": "purple"})

@@ -69,6 +69,25 @@ def test_a_finished_run_rerun_to_probe_its_gradients_trains_again_and_probes(tin
     assert train(job)["resumed_from_step"] == 6  # same settings: the checkpoint is used
 
 
+def test_a_checkpoint_trained_from_other_data_or_weights_is_not_resumed(tiny_data, tmp_path, capsys):
+    """A run id names a real dataset and a downloaded backbone by source, not by content: after a new
+    release (a re-released archive, a re-uploaded Long-CLIP-L) the same run must train afresh from what
+    is there now, not resume the weights trained from the old one."""
+    import shutil
+    data = tmp_path / "docci"
+    shutil.copytree(tiny_data["train"].parent, data)
+    job = make_job({"train": data / "train.jsonl", "test": data / "test.jsonl"}, tmp_path)
+    train(job)
+    assert train(job)["resumed_from_step"] == 6  # the same content: the finished checkpoint is used
+    rows = (data / "train.jsonl").read_text().splitlines()
+    first = json.loads(rows[0])
+    rows[0] = json.dumps({**first, "caption": first["caption"] + " A new release."})
+    (data / "train.jsonl").write_text("\n".join(rows) + "\n")
+    again = train(job)
+    assert again["resumed_from_step"] is None and again["optimizer_steps"] == 6
+    assert "other initial weights or training data" in capsys.readouterr().err
+
+
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(tiny_data, tmp_path, monkeypatch):
     import hnclip.training.methods as train_module  # where the loop's micro-batch terms come from
     real_terms = train_module.loss_terms

@@ -14,7 +14,6 @@ X-Repo-Commit and ETag headers hf_hub_download requires).
 """
 from __future__ import annotations
 
-import re
 import socket
 import struct
 import threading
@@ -26,6 +25,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Iterator
 
 from helpers.payloads import sha256
+from hnclip.rehearsal.server import byte_range
 
 FAST = dict(backoff=0.001, progress=False)  # tiny backoff keeps the retry tests quick
 
@@ -109,18 +109,16 @@ class FaultHandler(BaseHTTPRequestHandler):
         if fault == "429":
             return self._empty(path, requested_range, 429, {"Retry-After": "3"})
         body = bytes(b ^ 0xFF for b in data) if fault == "wrong" else data
-        start, status = 0, 200
-        if requested_range and path not in self.state.ignore_range:
-            start = int(re.match(r"bytes=(\d+)-", requested_range).group(1))
-            if start >= len(body):
-                return self._empty(path, requested_range, 416, {"Content-Range": f"bytes */{len(body)}"})
-            status = 206
+        honoured = None if path in self.state.ignore_range else requested_range
+        status, start, range_headers = byte_range(honoured, len(body))  # as the rehearsal's mirror answers
+        if status == 416:
+            return self._empty(path, requested_range, 416, range_headers)
         payload = body[start:]
         self.send_response(status)
         self.send_header("Content-Length", str(len(payload)))
         self.send_header("Accept-Ranges", "bytes")
-        if status == 206:
-            self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
+        for key, value in range_headers.items():
+            self.send_header(key, value)
         self._extra_headers(path)
         self.end_headers()
         interrupted = fault in ("truncate", "drop")

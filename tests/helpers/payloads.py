@@ -2,9 +2,8 @@
 from __future__ import annotations
 
 import hashlib
-import io
-import tarfile
-import zipfile
+
+from hnclip.rehearsal.archives import tar_bytes, tar_gz, zip_bytes  # noqa: F401 - the archives tests build
 
 
 def blob(size: int = 3 << 19, seed: int = 0) -> bytes:
@@ -18,21 +17,3 @@ def blob(size: int = 3 << 19, seed: int = 0) -> bytes:
 
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def tar_gz(members: dict[str, bytes]) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
-
-
-def zip_bytes(members: dict[str, bytes]) -> bytes:
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w") as bundle:
-        for name, data in members.items():
-            bundle.writestr(name, data)
-    return buffer.getvalue()

@@ -1,5 +1,9 @@
 # The initial weights every fine-tuning run starts from.
 
+# Its OpenMP wait policy (params.yaml `execution.pretrain_wait_policy`, chosen by
+# benchmarks/pretrain_wait_policy.py); unset: PASSIVE, as every other hnclip job.
+PRETRAIN_WAIT_POLICY = EXECUTION.get("pretrain_wait_policy", "PASSIVE")
+
 
 rule pretrain_backbone:
     input:
@@ -18,15 +22,17 @@ rule pretrain_backbone:
     resources:
         gpu=USES_GPU,
         mem_mb=PRETRAIN_MEM_MB,
-    # Its cores are its own (Snakemake reserves them), so its OpenMP threads may spin between
-    # parallel regions (faster than hnclip's default passive wait, which matters when jobs share cores).
+    # Its cores are its own (Snakemake reserves them), so its OpenMP threads may spin between parallel
+    # regions (ACTIVE: faster than hnclip's default passive wait when no other process takes a core).
     shell:
-        f"OMP_WAIT_POLICY=ACTIVE {HNCLIP_PLAIN} --threads {{threads}} pretrain --backbone {{wildcards.backbone}} > {{log}} 2>&1"
+        f"OMP_WAIT_POLICY={PRETRAIN_WAIT_POLICY} {HNCLIP_PLAIN} --threads {{threads}} pretrain --backbone {{wildcards.backbone}} > {{log}} 2>&1"
 
 
 rule download_longclip:
     output:
         weights=f"{DATA_ROOT}/longclip_l/raw/longclip-L.pt",
+    params:
+        pins=source_pins("longclip_l"),  # a new release pinned in sources.py is fetched, not refused at load
     log:
         f"logs/{PROFILE}/data/longclip_l.log",
     benchmark:

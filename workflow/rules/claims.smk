@@ -38,7 +38,8 @@ rule claims:
         provenance="results/claims.provenance.json",
     params:
         bootstrap=BOOTSTRAP,
-        claims=canonical_json(definitions()["claims"]),
+        # a function: Snakemake would read braces in the claims' quoted text (e.g. "{0.75, 1}") as wildcards
+        claims=lambda w: canonical_json(definitions()["claims"]),
     log:
         f"logs/{PROFILE}/claims.log",
     benchmark:

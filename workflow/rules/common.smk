@@ -60,6 +60,12 @@ def dataset_inputs(wildcards):
     return [str(paths.download_record(DATA_ROOT, spec["source"]))]
 
 
+def source_pins(source):
+    """The checksums the profile's source table pins a source's files to (params of its download)."""
+    from hnclip.data.source_tables import pins
+    return canonical_json(pins(REG.profile, source))
+
+
 def backbone_weights():
     return paths.backbone_weights(BACKBONE, BACKBONE_SPEC["kind"], DATA_ROOT)
 

@@ -5,6 +5,8 @@ rule download:
     # Real data (paper profile): resumable, checksum-verified download of one source table entry.
     output:
         record=f"{DATA_ROOT}/{{source}}/download.json",
+    params:
+        pins=lambda w: source_pins(w.source),  # a changed pin (sources.py) verifies the files again
     log:
         f"logs/{PROFILE}/download/{{source}}.log",
     benchmark:

@@ -107,7 +107,7 @@ def pretrain_dataset(pretrain: dict) -> dict:
 def with_generator_digest(dataset: dict) -> dict:
     if dataset["kind"] != "synthetic":
         return dataset
-    from hnclip.data.synthetic import dataset_fingerprint
+    from hnclip.config.synthetic_spec import dataset_fingerprint
     digest = dataset_fingerprint(dataset["variant"], dataset["sizes"], dataset["seed"],
                                  generator=dataset.get("generator"))["digest"]
     return {**dataset, "generator_digest": digest}

@@ -40,8 +40,8 @@ from urllib3.util import Retry
 
 from hnclip.data.sources import MIRROR_ENV, Source, SourceFile, get_source, mirror_base, resolve_url
 from hnclip.errors import UserError
-from hnclip.io import read_json, write_json
 from hnclip.hashing import hash_file, sha256_file
+from hnclip.io import read_json, write_json
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +101,16 @@ def read_marker(dest: str | os.PathLike) -> dict | None:
     if marker.get("size") != stat.st_size or marker.get("mtime_ns") != stat.st_mtime_ns:
         return None
     return marker
+
+
+def verification_facts(dest: str | os.PathLike) -> dict:
+    """What a verified file's marker says, for records: its sha256 and size, the pin it was checked
+    against (None: unpinned, the sha256 is the one recorded on its first verified download), the URL."""
+    marker = read_marker(dest) or {}
+    pinned = marker.get("pinned")
+    return {"sha256": marker.get("sha256"), "size": marker.get("size"), "algorithm": marker.get("algorithm"),
+            "pinned": pinned, "url": marker.get("url"),
+            "checked": "against the pin" if pinned else "recorded on first verified download (no pin)"}
 
 
 def recorded_sha256(path: str | os.PathLike) -> str:
@@ -189,6 +199,9 @@ def download_file(url: str, dest: str | os.PathLike, expected_hash: str | None, 
     if verify_existing(dest, expected_hash, algorithm, expected_size, url):
         log.info("%s: already verified", dest)
         return dest
+    if not url:  # a file only a mirror serves (the rehearsal's table), asked for without one
+        raise DownloadError(f"{dest.name} has no URL of its own: set {MIRROR_ENV} to a mirror that serves it, "
+                            f"or put it at {dest} by hand")
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = part_path(dest)
     own_session = session is None
@@ -353,6 +366,8 @@ def download_hub_file(source_file: SourceFile, dest: str | os.PathLike, *, progr
     if verify_existing(dest, expected, source_file.algorithm, source_file.size, source_file.url):
         log.info("%s: already verified", dest)
         return dest
+    if dest.is_file() and (old := source_file.superseded_by_this(dest.stat().st_size)):
+        log.warning("%s has the size of %s; fetching the current release to replace it", dest, old.what)
     commit = _pinned_commit(source_file, dest)
     # imported here: only Hub files need them, and they add ~0.15 s to every hnclip start
     from httpx2 import HTTPError
@@ -368,6 +383,8 @@ def download_hub_file(source_file: SourceFile, dest: str | os.PathLike, *, progr
             fetched = hf_hub_download(source_file.hub_repo, source_file.name, repo_type=source_file.hub_repo_type,
                                       revision=commit, local_dir=staging)
         _commit_verified(Path(fetched), dest, expected, source_file.algorithm, source_file.size, url)
+    except ChecksumMismatch as mismatch:
+        raise _naming_superseded(mismatch, source_file) from None
     except LocalEntryNotFoundError as error:  # no copy anywhere: offline, unless the Hub answered with an error
         if isinstance(error.__cause__, HfHubHTTPError):
             raise _hub_error(url, error.__cause__, dest) from error
@@ -377,6 +394,17 @@ def download_hub_file(source_file: SourceFile, dest: str | os.PathLike, *, progr
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return dest
+
+
+def _naming_superseded(mismatch: ChecksumMismatch, source_file: SourceFile) -> ChecksumMismatch:
+    """The mismatch, saying what the file is when its checksum or size is that of an upload the
+    source table marks superseded, and where the current release is."""
+    old = source_file.superseded_by_this(mismatch.got)
+    if old is None:
+        return mismatch
+    where = f" ({source_file.url})" if source_file.url else ""
+    return ChecksumMismatch(f"{mismatch}. This is {old.what}. Use the current release{where}: "
+                            f"{source_file.algorithm} {source_file.checksum}", mismatch.expected, mismatch.got)
 
 
 def _hub_error(url: str, error: BaseException, dest: Path) -> DownloadError:
@@ -562,10 +590,13 @@ def download_dataset(name: str, root: str | os.PathLike, mirror: str | None = No
             if source_file.hub_repo and mirror_base(mirror) is None:
                 result.raw[source_file.name] = download_hub_file(source_file, dest, progress=progress)
             else:
-                result.raw[source_file.name] = download_file(
-                    resolve_url(name, source_file, mirror), dest, source_file.checksum, source_file.algorithm,
-                    retries=retries, backoff=backoff, progress=progress, session=session,
-                    expected_size=source_file.size)
+                try:
+                    result.raw[source_file.name] = download_file(
+                        resolve_url(name, source_file, mirror), dest, source_file.checksum, source_file.algorithm,
+                        retries=retries, backoff=backoff, progress=progress, session=session,
+                        expected_size=source_file.size)
+                except ChecksumMismatch as mismatch:
+                    raise _naming_superseded(mismatch, source_file) from None
     for source_file in source.files:
         if source_file.manual:
             _check_manual_file(source, source_file, result)

@@ -333,11 +333,11 @@ VG_IMAGE_FOLDERS = ("VG_100K", "VG_100K_2")
 
 def build_vg_paragraphs(dataset_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
                         token_stats: bool = True) -> BuildReport:
-    """raw/paragraphs_v1.json ([{image_id, paragraph, url}]) + raw/{train,val,test}_split.json
-    (image ids) + extracted/VG_100K*/<image_id>.jpg -> train/val/test.jsonl."""
+    """extracted/paragraphs_v1.json ([{image_id, paragraph, url}], from raw/paragraphs_v1.json.zip) +
+    raw/{train,val,test}_split.json (image ids) + extracted/VG_100K*/<image_id>.jpg -> train/val/test.jsonl."""
     raw, extracted, out = _dirs(dataset_dir, out_dir)
-    paragraphs_file = raw / "paragraphs_v1.json"
-    sha = _raw_sha256(raw, paragraphs_file.name)
+    paragraphs_file = extracted / "paragraphs_v1.json"
+    sha = _raw_sha256(raw, "paragraphs_v1.json.zip")  # the rows' source: the downloaded archive
     by_id: dict[int, dict] = {}
     duplicates = 0
     for entry in read_json(paragraphs_file):

@@ -30,71 +30,36 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
-import PIL
 from PIL import Image
 
+from hnclip.config.synthetic_spec import (  # noqa: F401 - the spec's names are part of this module's API
+    CAPTION_STYLE_NAMES,
+    CELLS,
+    COLORS,
+    EDIT_KINDS,
+    GENERATOR_OVERRIDES,
+    GENERATOR_VERSION,
+    MAX_OFFSET,
+    SHAPES,
+    SIZES,
+    STANDARD_BACKGROUNDS,
+    TEXTURES,
+    URBAN_BACKGROUNDS,
+    VARIANTS,
+    HeldOutSpec,
+    VariantSpec,
+    check_sizes,
+    check_variant_split,
+    dataset_fingerprint,
+    edit_kinds_of,
+    held_out_colors_of,
+    splits_to_write,
+    variant_spec,
+)
 from hnclip.data.manifest import ManifestRow, write_manifest
-from hnclip.hashing import json_sha256, sha256_bytes
+from hnclip.hashing import sha256_bytes
 
-GENERATOR_VERSION = 2  # bump whenever output bytes change for the same arguments
-
-# ---------------------------------------------------------------------------------------------
-# Visual vocabulary
-# ---------------------------------------------------------------------------------------------
-
-SHAPES = ("circle", "square", "triangle", "diamond", "cross", "ring", "star", "crescent")
-COLORS = {
-    "red": (215, 35, 35),
-    "orange": (245, 140, 20),
-    "yellow": (240, 215, 35),
-    "green": (40, 165, 60),
-    "blue": (40, 80, 215),
-    "purple": (135, 50, 175),
-    "white": (245, 245, 245),
-    "black": (20, 20, 20),
-}
-SIZES = {"small": 0.27, "medium": 0.36, "large": 0.46}  # radius as a fraction of a grid cell
-TEXTURES = ("solid", "striped", "dotted", "checkered")
-CELLS = ("top left", "top center", "top right",
-         "middle left", "center", "middle right",
-         "bottom left", "bottom center", "bottom right")
-MAX_OFFSET = 0.03  # jitter of an object's centre, in cells; small so a large object stays in its cell
-
-STANDARD_BACKGROUNDS = ("plain gray", "pale sand", "dark slate", "teal gradient", "dusk gradient",
-                        "grainy noise")
-URBAN_BACKGROUNDS = ("brick wall", "asphalt", "street", "concrete tiles", "glass facade")
-
-EDIT_KINDS = ("color", "shape", "texture", "size", "position")
-
-
-@dataclass(frozen=True)
-class VariantSpec:
-    """How one benchmark role is generated."""
-    splits: tuple[str, ...]
-    family_size: int                 # 1 = independent scenes
-    n_objects: tuple[int, int]       # inclusive range
-    style: str                       # caption style: terse, flowing, regions, paragraph
-    word_range: tuple[int, int]      # target caption length in words (inclusive)
-    backgrounds: tuple[str, ...]
-    color_weights: tuple[float, ...] | None = None  # in COLORS order; None = uniform
-    short_captions: bool = False
-    long_split: str | None = None    # extra split: the test scenes with full-length captions
-
-
-VARIANTS: dict[str, VariantSpec] = {
-    # Backbone pretraining corpus, broad like Long-CLIP's: every background (the urban ones too),
-    # near-duplicate pairs so attributes matter, terse captions in their own wording.
-    "pretrain": VariantSpec(("train", "test"), 2, (2, 6), "terse", (30, 80),
-                            STANDARD_BACKGROUNDS + URBAN_BACKGROUNDS),
-    "docci": VariantSpec(("train", "test"), 4, (4, 7), "flowing", (60, 150), STANDARD_BACKGROUNDS),
-    # DCI: region-by-region captions, a one-sentence summary, and Long-DCI's full-length test split.
-    "dci": VariantSpec(("train", "test", "test_long"), 4, (3, 6), "regions", (60, 150),
-                       STANDARD_BACKGROUNDS, short_captions=True, long_split="test_long"),
-    "vg": VariantSpec(("train",), 4, (3, 6), "paragraph", (50, 90), STANDARD_BACKGROUNDS),
-    # Urban-1K: shifted distribution -- new backgrounds, more objects, skewed colours.
-    "urban": VariantSpec(("test",), 4, (5, 8), "flowing", (80, 150), URBAN_BACKGROUNDS,
-                         color_weights=(0.14, 0.08, 0.12, 0.05, 0.10, 0.03, 0.24, 0.24)),
-}
+# The vocabulary, the variants and the fingerprint: hnclip.config.synthetic_spec (the registry reads them).
 
 
 @dataclass(frozen=True)
@@ -174,6 +139,8 @@ def _split_seeds(seed: int, variant: str, split: str) -> tuple[np.random.SeedSeq
 
 def _color_probabilities(spec: VariantSpec, exclude: str | None = None) -> np.ndarray:
     weights = np.array(spec.color_weights or [1.0] * len(COLORS), dtype=float)
+    for color in held_out_colors_of(spec):
+        weights[list(COLORS).index(color)] = 0.0
     if exclude is not None:
         weights[list(COLORS).index(exclude)] = 0.0
     return weights / weights.sum()
@@ -227,7 +194,7 @@ def _edit_scene(scene: Scene, kind: str, spec: VariantSpec, rng: np.random.Gener
 def _family_scenes(spec: VariantSpec, rng: np.random.Generator) -> list[tuple[str | None, Scene]]:
     """[(edit, scene)]: the base scene, then one sibling per distinct edit kind."""
     base = _sample_scene(spec, rng)
-    kinds = rng.choice(EDIT_KINDS, size=spec.family_size - 1, replace=False)
+    kinds = rng.choice(edit_kinds_of(spec), size=spec.family_size - 1, replace=False)
     return [(None, base)] + [(str(k), _edit_scene(base, str(k), spec, rng)) for k in kinds]
 
 
@@ -561,8 +528,9 @@ def _caption_paragraph(scene: Scene, spec: VariantSpec, rng: np.random.Generator
 
 
 # Style "simple": one fixed sentence per object, no relations and no varied wording. The regime
-# choice of the embedded default (README, "Regime exploration"): with one grammar shared by the
-# pretraining corpus and the benchmarks, the tiny backbone reaches a strong zero-shot init in minutes.
+# choice of the embedded default (docs/profiles.md, "The settings tried for the miniature"): with one
+# grammar shared by the pretraining corpus and the benchmarks, the tiny backbone reaches a strong
+# zero-shot init in minutes.
 SIMPLE_OPENING = "{n} shapes on a {bg} background."
 SIMPLE_OBJECT = "A {size} {color} {shape} with {texture_phrase} in the {pos}."
 
@@ -575,8 +543,8 @@ def _caption_simple(scene: Scene, spec: VariantSpec, rng: np.random.Generator) -
 
 CAPTION_STYLES = {"terse": _caption_terse, "flowing": _caption_flowing,
                   "regions": _caption_regions, "paragraph": _caption_paragraph, "simple": _caption_simple}
-# What params.yaml may change of a variant (a synthetic dataset's `generator:` entry).
-GENERATOR_OVERRIDES = ("style", "family_size")
+if tuple(CAPTION_STYLES) != CAPTION_STYLE_NAMES:  # params.yaml is validated against the spec's names
+    raise ImportError(f"caption styles {tuple(CAPTION_STYLES)} differ from the spec's {CAPTION_STYLE_NAMES}")
 
 
 def _captions(scene: Scene, spec: VariantSpec, caption_seed: np.random.SeedSequence,
@@ -593,30 +561,6 @@ def _captions(scene: Scene, spec: VariantSpec, caption_seed: np.random.SeedSeque
 # ---------------------------------------------------------------------------------------------
 # Splits
 # ---------------------------------------------------------------------------------------------
-
-def variant_spec(variant: str, generator: dict | None = None) -> VariantSpec:
-    """A variant's spec with params.yaml's `generator` overrides (caption style, family size) applied."""
-    if variant not in VARIANTS:
-        raise ValueError(f"unknown variant {variant!r}; allowed: {', '.join(VARIANTS)}")
-    generator = dict(generator or {})
-    unknown = sorted(set(generator) - set(GENERATOR_OVERRIDES))
-    if unknown:
-        raise ValueError(f"unknown generator setting(s) {unknown}; allowed: {', '.join(GENERATOR_OVERRIDES)}")
-    if "style" in generator and generator["style"] not in CAPTION_STYLES:
-        raise ValueError(f"unknown caption style {generator['style']!r}; allowed: {', '.join(CAPTION_STYLES)}")
-    family_size = generator.get("family_size", 1)
-    if not isinstance(family_size, int) or not 1 <= family_size <= len(EDIT_KINDS) + 1:
-        raise ValueError(f"family_size must be an integer from 1 to {len(EDIT_KINDS) + 1} (a base scene and "
-                         f"one scene per edit kind), got {family_size!r}")
-    return dataclasses.replace(VARIANTS[variant], **generator)
-
-
-def _check_variant_split(variant: str, split: str | None = None, generator: dict | None = None) -> VariantSpec:
-    spec = variant_spec(variant, generator)
-    if split is not None and split not in spec.splits:
-        raise ValueError(f"unknown split {split!r} for variant {variant!r}; allowed: {', '.join(spec.splits)}")
-    return spec
-
 
 def _spread_families(families: list[int], rng: np.random.Generator) -> list[int]:
     """A seeded shuffle of row indices, repaired so that no two adjacent rows share a family."""
@@ -645,53 +589,49 @@ def _spread_families(families: list[int], rng: np.random.Generator) -> list[int]
 def generate_split(variant: str, split: str, n_images: int, seed: int, image_size: int = 64,
                    generator: dict | None = None) -> list[Sample]:
     """The first `n_images` rows of a split, in manifest (shuffled) order."""
-    spec = _check_variant_split(variant, split, generator)
+    spec = check_variant_split(variant, split, generator)
     if n_images < 1:
         raise ValueError(f"n_images must be positive, got {n_images}")
     if image_size < 24:
         raise ValueError(f"image_size must be at least 24 px, got {image_size}")
+    rows, shuffle_seed = _split_rows(spec, variant, split, n_images, seed)
+    samples = [Sample(**row, split=split, image=render_scene(row["scene"], image_size)) for row in rows]
+    order = _spread_families([s.family for s in samples], np.random.default_rng(shuffle_seed))
+    return [samples[i] for i in order]
+
+
+def _split_rows(spec: VariantSpec, variant: str, split: str, n_images: int,
+                seed: int) -> tuple[list[dict], np.random.SeedSequence]:
+    """(the split's first `n_images` rows in generation order, without images; the split's shuffle seed)."""
     long_form = split == spec.long_split
     scene_split = "test" if long_form else split  # Long-DCI re-describes the test scenes
     scene_seeds, shuffle_seed = _split_seeds(seed, variant, scene_split)
     n_families = -(-n_images // spec.family_size)
-    samples = []
+    rows: list[dict] = []
     for family, family_seed in enumerate(scene_seeds.spawn(n_families)):
         scene_seq, caption_seq = family_seed.spawn(2)
         for member, (edit, scene) in enumerate(_family_scenes(spec, np.random.default_rng(scene_seq))):
-            if len(samples) == n_images:
+            if len(rows) == n_images:
                 break
             caption, short = _captions(scene, spec, caption_seq, long_form)
-            samples.append(Sample(id=f"{variant}-{scene_split}-f{family:05d}-m{member}", split=split,
-                                  family=family, member=member, edit=edit, scene=scene,
-                                  image=render_scene(scene, image_size), caption=caption, short_caption=short))
-    order = _spread_families([s.family for s in samples], np.random.default_rng(shuffle_seed))
-    return [samples[i] for i in order]
+            rows.append({"id": f"{variant}-{scene_split}-f{family:05d}-m{member}", "family": family, "member": member,
+                         "edit": edit, "scene": scene, "caption": caption, "short_caption": short})
+    return rows, shuffle_seed
+
+
+def split_edits(variant: str, split: str, n_images: int, seed: int,
+                generator: dict | None = None) -> dict[str, tuple[str | None, str]]:
+    """{row id: (edit, caption)} of a split as `generate_split` makes it, without rendering: the edit that made
+    each sibling from its family's base scene (None for the base), for analyses by edit kind, and the caption,
+    with which a reader checks that a manifest is this generator's output for these arguments."""
+    spec = check_variant_split(variant, split, generator)
+    rows, _ = _split_rows(spec, variant, split, n_images, seed)
+    return {row["id"]: (row["edit"], row["caption"]) for row in rows}
 
 
 # ---------------------------------------------------------------------------------------------
 # Writing datasets
 # ---------------------------------------------------------------------------------------------
-
-def _check_sizes(variant: str, sizes: dict[str, int], generator: dict | None = None) -> VariantSpec:
-    spec = _check_variant_split(variant, generator=generator)
-    if not sizes:
-        raise ValueError(f"no splits requested for {variant!r}; allowed: {', '.join(spec.splits)}")
-    for split, n in sizes.items():
-        _check_variant_split(variant, split)
-        if not isinstance(n, int) or n < 1:
-            raise ValueError(f"size of split {split!r} must be a positive integer, got {n!r}")
-    if spec.long_split in sizes and "test" in sizes and sizes[spec.long_split] != sizes["test"]:
-        raise ValueError(f"{spec.long_split!r} re-describes the 'test' images, so their sizes must match")
-    return spec
-
-
-def _splits_to_write(spec: VariantSpec, sizes: dict[str, int]) -> dict[str, int]:
-    """The requested splits, plus the long-caption split whenever 'test' is requested."""
-    splits = dict(sizes)
-    if spec.long_split and "test" in sizes:
-        splits.setdefault(spec.long_split, sizes["test"])
-    return splits
-
 
 def _replace_dir(built: Path, target: Path) -> None:
     """Move a finished directory onto `target`, replacing any previous one."""
@@ -713,13 +653,13 @@ def write_dataset(out_dir: str | Path, variant: str, sizes: dict[str, int], seed
     built next to out_dir and renamed into place, so readers never see a half-written dataset;
     rerunning replaces it.
     """
-    spec = _check_sizes(variant, sizes, generator)
+    spec = check_sizes(variant, sizes, generator)
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     building = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".part", dir=out_dir.parent))
     try:
         (building / "images").mkdir()
-        for split, n in _splits_to_write(spec, sizes).items():
+        for split, n in splits_to_write(spec, sizes).items():
             rows = []
             for sample in generate_split(variant, split, n, seed, image_size, generator):
                 image_path = building / "images" / f"{sample.id}.png"
@@ -734,24 +674,4 @@ def write_dataset(out_dir: str | Path, variant: str, sizes: dict[str, int], seed
     finally:
         if building.exists():
             shutil.rmtree(building)
-    return {split: out_dir / f"{split}.jsonl" for split in _splits_to_write(spec, sizes)}
-
-
-def dataset_fingerprint(variant: str, sizes: dict[str, int], seed: int, image_size: int = 64,
-                        generator: dict | None = None) -> dict:
-    """Everything that determines a written dataset, for provenance; `digest` hashes the rest."""
-    spec = _check_sizes(variant, sizes, generator)
-    described = {
-        "generator": f"{__name__}@{GENERATOR_VERSION}",
-        "variant": variant,
-        "sizes": dict(sorted(_splits_to_write(spec, sizes).items())),
-        "seed": int(seed),
-        "image_size": int(image_size),
-        "spec": dataclasses.asdict(spec),
-        "vocabulary": {"shapes": list(SHAPES), "colors": {k: list(v) for k, v in COLORS.items()},
-                       "sizes": SIZES, "textures": list(TEXTURES), "cells": list(CELLS),
-                       "edit_kinds": list(EDIT_KINDS)},
-        # PNG bytes depend on Pillow and zlib, random streams on numpy
-        "libraries": {"numpy": np.__version__, "pillow": PIL.__version__, "zlib": zlib.ZLIB_RUNTIME_VERSION},
-    }
-    return {**described, "digest": json_sha256(described)}
+    return {split: out_dir / f"{split}.jsonl" for split in splits_to_write(spec, sizes)}

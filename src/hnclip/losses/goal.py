@@ -18,11 +18,18 @@ Quirks of the released code (goal_loss_finetuning.py @34f018e), each a `GoalSett
 - `box_scale="crop"`: the box is scaled by the crop's own width/height instead of the image's, so it
   collapses to the last patch row/column unless the crop touches the left/top border.
 - `late_by_one`: the sentence's token span starts one token late (its first token lost, the next '.' gained).
-- `double_forward`: both encoders run twice per step (identical values; cost only).
+- `double_forward`: both encoders run twice per step. The second forward (the hidden states) runs outside
+  the release's autocast context, in fp32: under bf16 autocast it always runs, as released; in an fp32 run
+  it gives the first forward's values, so there it is cost only.
+
+The corrected box geometry, `box_scale="center_crop"`, maps the box through the image tower's own shortest-side
+resize and centre crop (`view_box`), so the selected patches are those the segment covers on a non-square
+image; `box_scale="image"` scales by the image's W, H into the square (no crop geometry).
 """
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 
@@ -31,11 +38,11 @@ import torch.nn.functional as F
 
 from hnclip.losses.distributed import global_infonce_loss
 from hnclip.losses.objective import as_float32, contrastive_terms, trained_term
-from hnclip.models.towers import PAD_ID
+from hnclip.models.towers import text_length
 
 EPS = 1e-8  # GOAL's n(x) shifts by 1e-8 before normalising
 RELEASED_PATCH_SIZE = 16  # goal_loss_finetuning.py passes patch_size=16 for every backbone
-BOX_SCALES = ("crop", "image")
+BOX_SCALES = ("crop", "image", "center_crop")
 Autocast = Callable[[], contextlib.AbstractContextManager]
 
 
@@ -44,9 +51,11 @@ class GoalSettings:
     """GOAL's protocol settings; the defaults reproduce the released code (quirks on, official weights)."""
 
     patch_size_bug: bool = True   # box -> tokens on a 16-px grid whatever the patch size
-    box_scale: str = "crop"       # "crop": scale by the crop's w,h (released); "image": by the image's W,H
+    box_scale: str = "crop"       # "crop": scale by the crop's w,h (released); "image": by the image's W,H;
+                                  # "center_crop": through the image tower's resize and centre crop
     late_by_one: bool = True      # sentence span starts one token late (released)
-    double_forward: bool = True   # run both encoders twice per step (released; cost only)
+    double_forward: bool = True   # run both encoders twice per step (released); cost only in fp32 runs: under
+                                  # autocast the second (fp32) forward always runs, as released
     seg_weight: float = 0.5
     patch_weight: float = 1.0
     text_weight: float = 1.0
@@ -78,6 +87,32 @@ def _patch_range(low: int, high: int, patch: int) -> range:
     return range(first, max(stop, first + 1))
 
 
+def view_box(box: Mapping[str, float], image_size: tuple[int, int], side: int) -> tuple[float, ...]:
+    """(x1, y1, x2, y2) of a box of the W x H image in the S x S view the image tower sees: the shortest side
+    resized to S (long side int(S * long / short), torchvision's `Resize(S)`), then the centre S x S crop
+    (offset int(round((new - S) / 2)), torchvision's `CenterCrop`), clipped to the crop (what it cuts off
+    is dropped). Coordinates are continuous pixel edges, not rounded."""
+    width, height = image_size
+    if width <= 0 or height <= 0:
+        raise ValueError(f"image size must be positive, got {width} x {height}")
+    short, long = min(width, height), max(width, height)
+    new_long = int(side * long / short)
+    new_w, new_h = (side, new_long) if width <= height else (new_long, side)
+    left, top = int(round((new_w - side) / 2.0)), int(round((new_h - side) / 2.0))
+
+    def mapped(value: float, scale: float, offset: int) -> float:
+        # 1e-6 px absorbs float noise, so an edge on a patch border does not touch the next patch
+        return round(min(max(value * scale - offset, 0.0), float(side)), 6)
+    return (mapped(box["x1"], new_w / width, left), mapped(box["y1"], new_h / height, top),
+            mapped(box["x2"], new_w / width, left), mapped(box["y2"], new_h / height, top))
+
+
+def _view_patch_range(low: float, high: float, patch: int, side: int) -> range:
+    """Patches whose pixels meet [low, high) of the view; a box the crop cut to nothing keeps its border patch."""
+    first = min(math.floor(low / patch), side // patch - 1)
+    return range(first, max(math.ceil(high / patch), first + 1))
+
+
 def box_to_patch_indices(box: Mapping[str, float], image_size: tuple[int, int], grid_image_size: int,
                          patch_size: int, *, patch_size_bug: bool, box_scale: str) -> torch.Tensor:
     """Token indices (CLS = 0, patches from 1, row-major) of the ViT patches a segment's bbox covers.
@@ -90,7 +125,20 @@ def box_to_patch_indices(box: Mapping[str, float], image_size: tuple[int, int], 
     arithmetic use p = 16 and a grid S // 16 wide, and those indices are returned unchanged to be read from the
     real token sequence; an index past the real sequence (only possible when the real patch is > 16 px) raises,
     as the released indexing would.
+
+    `box_scale="center_crop"` (the corrected geometry) instead maps the box through the image tower's own
+    resize and centre crop (`view_box`) and selects every patch the mapped box meets, so on a non-square
+    image the tokens are those the segment really covers; the part the crop cuts off is dropped.
     """
+    if box_scale == "center_crop":
+        patch = RELEASED_PATCH_SIZE if patch_size_bug else patch_size
+        if grid_image_size % patch:
+            raise ValueError(f"input side {grid_image_size} is not a multiple of the patch size {patch}")
+        x1, y1, x2, y2 = view_box(box, image_size, grid_image_size)
+        width = grid_image_size // patch
+        indices = torch.tensor([r * width + c + 1 for r in _view_patch_range(y1, y2, patch, grid_image_size)
+                                for c in _view_patch_range(x1, x2, patch, grid_image_size)], dtype=torch.long)
+        return _checked(indices, grid_image_size, patch_size)
     if box_scale == "crop":
         extent_w, extent_h = box["width"], box["height"]
     elif box_scale == "image":
@@ -110,6 +158,10 @@ def box_to_patch_indices(box: Mapping[str, float], image_size: tuple[int, int], 
     width = side // patch
     indices = torch.tensor([r * width + c + 1 for r in _patch_range(y1, y2, patch)
                             for c in _patch_range(x1, x2, patch)], dtype=torch.long)
+    return _checked(indices, side, patch_size)
+
+
+def _checked(indices: torch.Tensor, side: int, patch_size: int) -> torch.Tensor:
     num_patches = (side // patch_size) ** 2
     if int(indices.max()) > num_patches:
         raise ValueError(f"box indices up to {int(indices.max())} exceed the model's {num_patches} patch tokens")
@@ -232,15 +284,19 @@ class HiddenEncoded:
     text_hidden: torch.Tensor     # [N, T', width_t], before ln_final
 
 
-def encode_with_hidden(model, images: torch.Tensor, tokens: torch.Tensor, *,
-                       double_forward: bool) -> HiddenEncoded:
-    """Global features and hidden states of both towers. With `double_forward` the towers run a second time
-    and the hidden states come from that pass, the globals from the first: the released step (a full
-    `model(...)` for the globals, then `vision_model` / `text_model` again for the hidden states), so both
-    graphs are back-propagated, as there."""
-    image_features, image_hidden = encode_image_hidden(model, images)
-    text_features, text_hidden = encode_text_hidden(model, tokens)
-    if double_forward:
+def encode_with_hidden(model, images: torch.Tensor, tokens: torch.Tensor, *, double_forward: bool,
+                       autocast: Autocast = contextlib.nullcontext) -> HiddenEncoded:
+    """Global features and hidden states of both towers, as the released step computes them
+    (goal_loss_finetuning.py:250-256): the globals from a forward under `autocast` (the release's full
+    `model(...)`, inside Fabric's bf16-mixed context), the hidden states from a second forward that calls the
+    towers directly (`vision_model(...)`, `text_model(...)`), outside that context, so in fp32. Both graphs
+    are back-propagated, as there. Where `autocast` is off the two forwards give the same values, and the
+    second runs only with `double_forward` (cost only)."""
+    with autocast():
+        mixed = torch.is_autocast_enabled(images.device.type)
+        image_features, image_hidden = encode_image_hidden(model, images)
+        text_features, text_hidden = encode_text_hidden(model, tokens)
+    if mixed or double_forward:
         _, image_hidden = encode_image_hidden(model, images)
         _, text_hidden = encode_text_hidden(model, tokens)
     return HiddenEncoded(image_features, text_features, image_hidden, text_hidden)
@@ -285,8 +341,7 @@ class GoalBatch:
 
 def _text_length(batch: GoalBatch) -> int:
     """Positions the text forward must keep: every caption/sentence up to its EOT and every span."""
-    tokens = torch.cat([batch.tokens, batch.segment_tokens])
-    longest = int((tokens != PAD_ID).sum(dim=1).max())
+    longest = text_length(torch.cat([batch.tokens, batch.segment_tokens]))
     return max(longest, int((batch.text_spans[:, 0] + batch.text_spans[:, 1]).max()))
 
 
@@ -313,7 +368,9 @@ def goal_loss_terms(model, batch: GoalBatch, objective: dict, settings: GoalSett
     Keys: `org` (the trained global term: L_HN if gamma > 0 else InfoNCE), the `contrastive_terms` entries it
     comes from (`hn` and/or `infonce`; with gamma > 0 `infonce` is a no-grad diagnostic), `seg`, `patch`,
     `text`, and `total` = org + seg_weight * seg + patch_weight * patch + text_weight * text.
-    Encoders run under `autocast`; the losses are computed in fp32 on their outputs.
+    The global features come from a forward under `autocast`; the hidden states, their pooling and the
+    LN + projection of the pooled tokens run outside it, in fp32, as released (`encode_with_hidden`); the
+    losses are computed in fp32.
     """
     if objective.get("lambda_tok", 0) > 0 or objective.get("margin", "live") != "live":
         raise ValueError("GOAL swaps only its global term: lambda_tok must be 0 and the margin 'live'")
@@ -322,11 +379,12 @@ def goal_loss_terms(model, batch: GoalBatch, objective: dict, settings: GoalSett
     _check_batch(batch, grid[0] * grid[1] + 1)
     size = batch.images.shape[0]
     tokens = torch.cat([batch.tokens, batch.segment_tokens])[:, :_text_length(batch)]
-    with autocast():
-        encoded = encode_with_hidden(model, torch.cat([batch.images, batch.segment_images]), tokens,
-                                     double_forward=settings.double_forward)
-        patch_pooled = pool_patches(model, encoded.image_hidden[:size], batch.patch_mask)
-        text_pooled = pool_span(model, encoded.text_hidden[:size], batch.text_spans)
+    encoded = encode_with_hidden(model, torch.cat([batch.images, batch.segment_images]), tokens,
+                                 double_forward=settings.double_forward, autocast=autocast)
+    # released: post_layernorm / visual_projection and final_layer_norm / text_projection of the pooled tokens
+    # are called outside Fabric's autocast (:292-300, :339-348), so in fp32
+    patch_pooled = pool_patches(model, encoded.image_hidden[:size], batch.patch_mask)
+    text_pooled = pool_span(model, encoded.text_hidden[:size], batch.text_spans)
     image_features, text_features = as_float32(encoded.image_features), as_float32(encoded.text_features)
     scale = model.logit_scale.exp()  # unclamped, as released
     terms = contrastive_terms(image_features[:size], text_features[:size], scale, objective)

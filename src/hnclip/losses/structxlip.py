@@ -21,7 +21,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..models.towers import PAD_ID
+from ..models.towers import text_length
 from .contrastive import infonce_loss
 from .objective import (
     Autocast,
@@ -83,10 +83,11 @@ def _unit(x: torch.Tensor) -> torch.Tensor:
 def encode_text_states(model, tokens: torch.Tensor, min_length: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Projected EOT features [B, D] (not normalized) and the final-LN hidden states [B, L, width].
 
-    Trailing padding is trimmed as in `models.towers.encode_text` (the causal mask keeps earlier
-    positions exact), but never below `min_length`, so every chunk span stays inside the states.
+    Trailing padding is trimmed by `models.towers.text_length`, the rule of `towers.encode_text` (the
+    causal mask keeps earlier positions exact), but never below `min_length`, so every chunk span
+    stays inside the states.
     """
-    length = max(int((tokens != PAD_ID).sum(dim=1).max().item()), min_length, 1)
+    length = max(text_length(tokens), min_length)
     tokens = tokens[:, :length]
     cast_dtype = model.transformer.get_cast_dtype()
     x = model.token_embedding(tokens).to(cast_dtype) + model.positional_embedding[:length].to(cast_dtype)
@@ -147,7 +148,8 @@ def structxlip_loss_terms(model, batch: StructXBatch, objective: dict, settings:
     `contrastive_terms` (`infonce`, `hn`), `sc`, `rs`, `lsc`, and `total`, the one back-propagated.
 
     `settings`: `weights`, `floors`, `decay_epochs` (see `structxlip_weights`) and `chunk_tokens`,
-    the token sequence the chunk spans index: "unfiltered" (released) or "filtered".
+    the token sequence the chunk spans index: "unfiltered" (released) or "filtered". The forward runs
+    under `autocast`; the chunk pooling, LN and projection and all losses in fp32, as released.
     """
     if settings["chunk_tokens"] not in CHUNK_TOKEN_SOURCES:
         raise ValueError(f"chunk_tokens must be one of {CHUNK_TOKEN_SOURCES}, got {settings['chunk_tokens']!r}")
@@ -159,9 +161,11 @@ def structxlip_loss_terms(model, batch: StructXBatch, objective: dict, settings:
         image_out = model.visual(images)
         text_out, hidden = encode_text_states(model, torch.cat([batch.tokens, batch.filtered_tokens]), span_end)
         margin_features = frozen_margin_features(frozen_text, batch.tokens, objective)
-        chunk_hidden = hidden[:n] if settings["chunk_tokens"] == "unfiltered" else hidden[n:]
-        pooled, chunk_mask = pool_chunks(chunk_hidden, batch.chunk_spans)
-        chunk_out = model.ln_final(pooled) @ model.text_projection   # LN again, as released
+    # Released: the chunks are pooled and go through the final LN (again) and the projection in
+    # compute_local_structure_centric_loss (losses.py:171-187), outside Fabric's autocast: in fp32.
+    chunk_hidden = hidden[:n] if settings["chunk_tokens"] == "unfiltered" else hidden[n:]
+    pooled, chunk_mask = pool_chunks(as_float32(chunk_hidden), batch.chunk_spans)
+    chunk_out = model.ln_final(pooled) @ model.text_projection
     v, v_edge, v_crops = as_float32(image_out).split([n, n, n * n_crops])
     t, t_filtered = as_float32(text_out).split([n, n])
     scale = model.logit_scale.exp()

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import open_clip
 import torch
@@ -52,12 +52,26 @@ def load_weights(path: str | Path) -> Backbone:
     return backbone
 
 
-def load_backbone(kind: str, path: str | Path, model_config: str) -> Backbone:
+def backbone_pin(profile: Mapping, spec: Mapping) -> str | None:
+    """The sha256 the profile's source table pins a downloaded backbone's weights to (None: a backbone
+    pretrained here). The rehearsal profile's table pins its own Long-CLIP-layout checkpoint."""
+    if spec["kind"] != "longclip":
+        return None
+    from hnclip.config import paths
+    from hnclip.data.source_tables import pinned_weights_sha256
+    weights = paths.backbone_weights("", spec["kind"], profile["data_root"])
+    return pinned_weights_sha256(profile, spec["source"], weights.name)
+
+
+def load_backbone(kind: str, path: str | Path, model_config: str, expected_sha256: str | None = None) -> Backbone:
+    """The initial weights of a run. A Long-CLIP checkpoint must have `expected_sha256` (None: the
+    Long-CLIP-L release's pin); give it `backbone_pin(profile, spec)`, the pin of the profile's table."""
     if kind == "longclip":
-        from hnclip.models.longclip import (
-            load_longclip,  # the real Long-CLIP-L checkpoint (paper profile)
+        from hnclip.models.longclip import (  # the real Long-CLIP-L checkpoint (paper profile)
+            LONGCLIP_L_SHA256,
+            load_longclip,
         )
-        loaded = load_longclip(path)
+        loaded = load_longclip(path, expected_sha256=expected_sha256 or LONGCLIP_L_SHA256)
         return Backbone(loaded.model, loaded.preprocess, loaded.tokenizer)
     if kind == "scratch":
         return create(model_config)

@@ -27,11 +27,9 @@ from open_clip.tokenizer import SimpleTokenizer
 from open_clip.transform import image_transform
 
 from hnclip.data.download import recorded_sha256
+from hnclip.data.sources import LONGCLIP_L, LONGCLIP_L_SHA256  # noqa: F401 - the current release's pin
 from hnclip.errors import UserError
 from hnclip.runtime.device import resolve_device
-
-# sha256 of the released longclip-L.pt (HF LFS pointer; the data layer's source table pins it too).
-LONGCLIP_L_SHA256 = "60c077e512cd95ca9fe7b13285e4e2c99073f8d6df7113eb6d2979919db397b2"
 
 KEEP_LEN = 20  # rows served by `positional_embedding` / kept verbatim by the stretch
 STRETCH_FACTOR = 4  # 77 OpenAI rows -> 4 * 77 - 3 * KEEP_LEN = 248 (config.constants.CONTEXT_LENGTH)
@@ -255,11 +253,23 @@ def build_open_clip_from_openai_state_dict(state_dict: Mapping[str, torch.Tensor
 # Files
 # ---------------------------------------------------------------------------------------------
 
+def _longclip_l_advice(path: str | Path, actual: str) -> str:
+    """What the file is, if it is a superseded Long-CLIP-L upload, and how to get the current release."""
+    weights = LONGCLIP_L.file("longclip-L.pt")
+    old = weights.superseded_by_this(actual)
+    return ((f". This is {old.what}" if old else "")
+            + f". The current Long-CLIP-L release is {weights.hub_repo} at commit {weights.revision} "
+              f"(sha256 {weights.checksum}, {weights.size:,} bytes): run `hnclip --profile paper download "
+              f"longclip_l`, or download {weights.url} and put it at {path}")
+
+
 def verify_sha256(path: str | Path, expected_sha256: str | None, verify_hash: bool = True) -> str:
     """Return the file's sha256; raise on a mismatch with `expected_sha256` unless verify_hash=False."""
     actual = recorded_sha256(path)  # the download's .complete marker, while the file is unchanged
     if expected_sha256 is not None and actual != expected_sha256.lower():
         message = f"{path}: sha256 {actual} != expected {expected_sha256}"
+        if expected_sha256.lower() == LONGCLIP_L_SHA256:
+            message += _longclip_l_advice(path, actual)
         if verify_hash:
             raise ChecksumMismatchError(message + " (pass verify_hash=False to load it anyway)")
         warnings.warn(message + " (verify_hash=False: loading anyway)", stacklevel=3)
@@ -304,7 +314,8 @@ def load_longclip(path: str | Path, device: str | torch.device = "cpu",  # "auto
                   head_width: int = OPENAI_HEAD_WIDTH) -> LongCLIP:
     """Load a Long-CLIP checkpoint (released layout, with `positional_embedding_res`) into open_clip.
 
-    By default the file must be the released Long-CLIP-L (`LONGCLIP_L_SHA256`); for any other file
+    By default the file must be the current Long-CLIP-L release (`LONGCLIP_L_SHA256`, HF commit
+    a298569; the superseded first upload is refused with a message saying so); for any other file
     pass its own `expected_sha256`, or `expected_sha256=None` / `verify_hash=False` to skip the pin.
     """
     sha256 = verify_sha256(path, expected_sha256, verify_hash)

@@ -24,10 +24,15 @@ class Encoded:
     text_padding_mask: torch.Tensor | None = None   # [B, T], True at padding
 
 
+def text_length(tokens: torch.Tensor) -> int:
+    """Positions a text forward must keep so every sequence keeps its EOT: up to the batch's last EOT
+    (each row's highest id). Not the count of non-padding ids: id 0 is also BPE '!' (as in "reads
+    'OPEN!'."), so such a caption would lose its EOT. Every trimmed text forward uses this rule."""
+    return max(int(tokens.argmax(dim=-1).max().item()) + 1, 1)
+
+
 def trim_padding(tokens: torch.Tensor) -> torch.Tensor:
-    # up to the last EOT (the highest id): a caption may contain id 0 (BPE '!') before its EOT
-    length = int(tokens.argmax(dim=-1).max().item()) + 1
-    return tokens[:, : max(length, 1)]
+    return tokens[:, : text_length(tokens)]
 
 
 def encode_text(model, tokens: torch.Tensor, with_tokens: bool = False):

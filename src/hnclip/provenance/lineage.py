@@ -4,7 +4,8 @@
     transfer cell's model_selected.pt; selected epoch) -> training run (RunSpec, spec hash) ->
     train/test manifests -> dataset record -> raw data (synthetic generator fingerprint, or source
     sha256s + download markers) ; initial weights ->
-    the backbone's own training run (one level)
+    the backbone's own training run (one level) ; a baseline's auxiliary inputs (segments, edge maps)
+    -> their record -> the models that made them (SAM, CLIP: each downloaded file's sha256)
 
 Every step is a node {"step", "path", "sha256", "verified", "git", "params", "facts", "inputs"}:
 `sha256` is what the consuming record recorded, `verified` whether the file still has it (True,
@@ -250,6 +251,8 @@ def _run_node(root: Path, recorded: dict, train_record: dict, follow_init: bool,
             inputs.append(_init_node(root, entry, train_record, follow_init))
         elif "manifest" in name:
             inputs.append(_manifest_node(root, name.replace("_", " ").replace(":", " "), entry))
+        elif name.startswith("auxiliary:"):  # a baseline's segments or edge maps, and what made them
+            inputs.append(_auxiliary_node(root, name.split(":", 1)[1], entry))
     facts = {"run_id": train_record.get("run_id"), "spec_hash": train_record.get("spec_hash"),
              "device": train_record.get("device"), "torch": train_record.get("libraries", {}).get("torch"),
              "optimizer_steps": train_record.get("optimizer_steps"),
@@ -273,6 +276,41 @@ def _init_node(root: Path, entry: dict, train_record: dict, follow_init: bool) -
     if marker:
         facts["download_marker"] = marker
     return _node("initial weights", root, entry["path"], entry.get("sha256"), facts=facts, inputs=inputs)
+
+
+def _auxiliary_node(root: Path, kind: str, entry: dict) -> dict:
+    """An auxiliary input's index (GOAL's segments, StructXLIP's edge maps), into the record written beside
+    it: the models it ran (a download record: SAM, the CLIP matcher; or the backbone's weights) and, for
+    edge maps, the segments they were cut from. Its training manifest is the run's own (listed there)."""
+    index = resolve(root, entry["path"])
+    record_file = index.parent / "record.json"
+    if not record_file.is_file():
+        return _node(f"auxiliary {kind}", root, entry["path"], entry.get("sha256"))
+    record = read_json(record_file)
+    inputs = []
+    for name, input_entry in sorted(record.get("inputs", {}).items()):
+        if name.startswith("model:"):
+            inputs.append(_model_node(root, name.split(":", 1)[1], input_entry))
+        elif name == "segments" and kind != "segments":
+            inputs.append(_auxiliary_node(root, "segments", input_entry))
+    facts = {"record": _relative(root, record_file), "created": record.get("created"),
+             "summary": record.get("summary")}
+    return _node(f"auxiliary {kind}", root, entry["path"], entry.get("sha256"), record=record,
+                 params=record.get("params"), facts=facts, inputs=inputs)
+
+
+def _model_node(root: Path, role: str, entry: dict) -> dict:
+    """A model an auxiliary step ran: a verified download (its record lists every file with its sha256
+    and marker) or weights made here."""
+    path = resolve(root, entry["path"])
+    if path.name != "download.json" or not path.is_file():
+        return _node(f"{role} weights", root, entry["path"], entry.get("sha256"))
+    record = read_json(path)
+    files = [_node("downloaded file", root, file_entry["path"], file_entry.get("sha256"),
+                   facts={"download_marker": _download_marker(resolve(root, file_entry["path"]))})
+             for _, file_entry in sorted(record.get("inputs", {}).items())]
+    return _node(f"{role} download", root, entry["path"], entry.get("sha256"), record=record,
+                 facts={"source": record.get("source")}, inputs=files)
 
 
 def _download_marker(path: Path) -> dict | None:

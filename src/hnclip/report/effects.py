@@ -25,11 +25,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import yaml
 
 from hnclip import provenance
 from hnclip.config import paths
 from hnclip.config.cells import DIRECTION_LABELS, canonical_row
+from hnclip.config.params import read_yaml
 from hnclip.config.registry import NOT_IMPLEMENTED, Registry
 from hnclip.errors import StaleArtifactError
 from hnclip.io import read_json, write_json, write_text
@@ -51,7 +51,7 @@ def definitions() -> dict:
         text = resources.files(__package__).joinpath(DEFINITIONS).read_text(encoding="utf-8")
     except (FileNotFoundError, ModuleNotFoundError, TypeError):  # a source tree used without installation
         text = Path(__file__).with_name(DEFINITIONS).read_text(encoding="utf-8")
-    return yaml.safe_load(text)
+    return read_yaml(text)  # libyaml's loader: the Snakefile and every claims job read this file
 
 
 # ---- draws: an estimate and its bootstrap replicates ------------------------------------------------
@@ -103,16 +103,29 @@ class TableCells:
     def eval_files(self, row: str, column: tuple[str, str, str]) -> list[str]:
         return [c["eval_file"] for c in self._cells.get((row, *column), []) if c.get("eval_file")]
 
-    def _entry(self, eval_file: str, selection: str | int) -> dict:
+    def _record(self, eval_file: str) -> dict:
         if eval_file not in self._records:
             self._records[eval_file] = read_json(eval_file)
-        record = self._records[eval_file]
+        return self._records[eval_file]
+
+    def _entry(self, eval_file: str, selection: str | int) -> dict:
+        record = self._record(eval_file)
         if selection in ("best", "last"):
             return record[selection]
         for entry in record.get("per_epoch", []):
             if entry["epoch"] == selection:
                 return entry
         raise CellUnavailable(f"epoch {selection} not recorded", eval_file)
+
+    def epochs(self, row: str, column: tuple[str, str, str]) -> list[int]:
+        """The epochs every seed's evaluation record of a cell holds (its per-epoch trajectory)."""
+        per_seed = self._cells.get((row, *column), [])
+        if not per_seed:
+            return []
+        if any(c["status"] != "ok" or not c.get("eval_file") for c in per_seed):
+            raise CellUnavailable(NOT_IMPLEMENTED, f"{self.table} {row}")
+        held = [{e["epoch"] for e in self._record(c["eval_file"]).get("per_epoch", [])} for c in per_seed]
+        return sorted(set.intersection(*held))
 
     def draws(self, row: str, column: tuple[str, str, str], selection: str | int | None = None) -> np.ndarray:
         """Estimate (mean over seeds) and replicates of one cell, percent."""

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import yaml
+
+from hnclip.config.params import read_yaml
 
 DATA_FILE = "paper_tables.yaml"
 TIDY_COLUMNS = ["table", "row", "label", "benchmark", "direction", "metric", "value", "flag", "dagger"]
@@ -47,7 +48,7 @@ def _read_text() -> str:
 
 @functools.lru_cache(maxsize=1)
 def _spec() -> dict[str, Any]:
-    spec = yaml.safe_load(_read_text())
+    spec = read_yaml(_read_text())  # libyaml's loader: every report job reads this file
     for name, table in spec["tables"].items():
         _validate(name, table)
     return spec

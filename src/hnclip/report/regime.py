@@ -1,6 +1,7 @@
 """The regime the paper's mechanism needs (issue 13), as measured values checked against targets:
 a strong zero-shot backbone, InfoNCE saturating under plain fine-tuning while L_HN does not, few
-micro-batches holding two near-duplicate siblings, and uniformly similar captions. Pure functions
+micro-batches holding two near-duplicate siblings, uniformly similar captions, and headroom (plain
+fine-tuning improves on the zero-shot backbone, so a fine-tuning gain can show at all). Pure functions
 over records already read; `hnclip.steps.regime` reads the pipeline's outputs and writes the report.
 
 A check is one measured value against its target (`met` is None when nothing could be measured:
@@ -92,5 +93,8 @@ def render_markdown(report: dict) -> str:
              f"`{c['source']}`" if c["source"] else "", c["note"]]
             for p in report["preconditions"] for c in p["checks"]]
     lines += ["", *markdown_table(["precondition", "measured", "value", "target", "met", "source", "note"], rows)]
+    if report.get("edit_kinds"):  # a diagnostic beside the preconditions: which details the models perceive
+        from hnclip.report.edit_kinds import render_section
+        lines += ["", *render_section(report["edit_kinds"])]
     lines += ["", "Provenance (inputs and their sha256, code version): `results/stats/regime.json`.", ""]
     return "\n".join(lines)

@@ -105,6 +105,17 @@ def resolve_device(requested: str | torch.device = "auto") -> torch.device:
     return _torch_device(kind, index)
 
 
+def empty_cache(device: torch.device | str) -> None:
+    """Hand the caching allocator's unused blocks on `device`'s backend back to the device: CUDA,
+    Ascend NPU (`torch.npu`, present once torch_npu is imported) or MPS; nothing to do on the CPU."""
+    kind, _ = parse_device(device)
+    if kind == "npu" and import_torch_npu() is None:
+        return
+    backend = getattr(torch, kind, None) if kind in ("cuda", "npu", "mps") else None
+    if backend is not None and hasattr(backend, "empty_cache"):
+        backend.empty_cache()
+
+
 # ---------------------------------------------------------------------------------------------
 # Precision
 # ---------------------------------------------------------------------------------------------

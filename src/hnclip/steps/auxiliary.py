@@ -78,10 +78,10 @@ def _segments(reg: Registry, manifest: Path, out_dir: Path) -> dict:
         device = str(resolve_device(reg.profile["execution"]["device"]))
         segmenter = _segmenter(settings["segmenter"], data_root, device)
         if settings["matcher"]["kind"] == "backbone":
-            from hnclip.models.factory import load_backbone
+            from hnclip.models.factory import backbone_pin, load_backbone
             spec = reg.backbone_spec()
             weights = paths.backbone_weights(reg.backbone_name(), spec["kind"], data_root)
-            backbone = load_backbone(spec["kind"], weights, spec["model_config"])
+            backbone = load_backbone(spec["kind"], weights, spec["model_config"], backbone_pin(reg.profile, spec))
             backbone.model.to(device)
             encoders = backbone_encoders(backbone, device=device)
         else:

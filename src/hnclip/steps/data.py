@@ -37,7 +37,9 @@ def build_dataset(reg: Registry, role: str) -> dict[str, Path]:
     else:
         from hnclip.data.download import download_dataset
         from hnclip.data.real import BUILDERS
-        download_dataset(spec["source"], data_root)  # verifies; a no-op when already verified
+        from hnclip.data.source_tables import profile_source
+        # verifies against the profile's table; a no-op when already verified
+        download_dataset(spec["source"], data_root, source=profile_source(reg.profile, spec["source"]))
         report = BUILDERS[role](data_root / spec["source"], out_dir, **spec.get("protocol", {}))
         manifests = report.manifests
         extra = {"counts": report.counts, "paper_count_mismatches": report.mismatches(),

@@ -61,10 +61,11 @@ def evaluate_run(reg, run_id: str, benchmark: str):
     if not reg.is_zeroshot(run_id):
         reg.run(run_id)  # an unknown run is a user error naming the known ones, not a missing file
     if reg.is_zeroshot(run_id):
-        from hnclip.models.factory import load_backbone
+        from hnclip.models.factory import backbone_pin, load_backbone
         spec = reg.backbone_spec()
         weights = paths.backbone_weights(reg.backbone_name(), spec["kind"], reg.profile["data_root"])
-        metrics = _encode_and_score(reg, load_backbone(spec["kind"], weights, spec["model_config"]), manifest)
+        backbone = load_backbone(spec["kind"], weights, spec["model_config"], backbone_pin(reg.profile, spec))
+        metrics = _encode_and_score(reg, backbone, manifest)
         entry = {"epoch": 0, "metrics": metrics}
         selected = {"best": entry, "last": entry, "initial": metrics, "per_epoch": [entry],
                     "consistent_with_training": None}

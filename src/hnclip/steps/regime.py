@@ -71,12 +71,23 @@ def regime_plan(reg: Registry) -> dict:
     hn_method, hn_run = next(((m, r) for m, r in hn_runs if r), (hn["methods"][0], None))
     sibling_sets = [_training_set(reg, role, "sibling_share.train") for role in targets["sibling_share"]["train"]]
     geometry = [_known(b, benchmarks, "caption_geometry.benchmarks") for b in targets["caption_geometry"]["benchmarks"]]
+    headroom = _headroom_plan(reg, targets["headroom"])
     return {"targets": targets, "seed": reg.profile["seeds"][0], "micro_batch": reg.profile["recipe"]["micro_batch"],
             "zeroshot": {"benchmark": zeroshot, "path": paths.evaluation(reg.zeroshot_id(), zeroshot)},
             "plain": {"method": plain_method, "train": plain_train, "run": planned_run(reg, plain_method, plain_train)},
             "hn": {"method": hn_method, "train": hn_train, "run": hn_run},
             "train_manifests": {role: reg.train_manifest(role) for role in sibling_sets},
-            "stats": {bench: paths.stats(bench) for bench in geometry}}
+            "stats": {bench: paths.stats(bench) for bench in geometry}, "headroom": headroom}
+
+
+def _headroom_plan(reg: Registry, target: dict) -> dict:
+    """The plain fine-tuning run on the benchmark's own training set and the two evaluations compared."""
+    method = _known(target["method"], reg.params["methods"], "headroom.method")
+    bench = _known(target["benchmark"], reg.params["benchmarks"], "headroom.benchmark")
+    run = planned_run(reg, method, reg.params["benchmarks"][bench]["train"])
+    return {"method": method, "benchmark": bench, "run": run,
+            "finetuned": paths.evaluation(run, bench) if run else None,
+            "zeroshot": paths.evaluation(reg.zeroshot_id(), bench)}
 
 
 def regime_inputs(reg: Registry) -> list[str]:
@@ -86,6 +97,9 @@ def regime_inputs(reg: Registry) -> list[str]:
     files = [plan["zeroshot"]["path"], *(p for run in runs for p in (paths.run_steps(run), paths.run_record(run)))]
     files += [paths.dataset_dir(reg.profile["data_root"], role) / "dataset.json" for role in plan["train_manifests"]]
     files += list(plan["stats"].values())
+    files += [plan["headroom"][key] for key in ("finetuned", "zeroshot") if plan["headroom"][key]]
+    diagnostic = _edit_kinds_plan(reg, plan)
+    files += [diagnostic["dataset"], *(path for _, path in diagnostic["models"])]
     return sorted(dict.fromkeys(str(f) for f in files))
 
 
@@ -174,6 +188,77 @@ def _geometry(reg: Registry, plan: dict, reads: dict) -> dict:
     return regime.precondition("caption_geometry", "Mean pairwise caption cosine (initial backbone)", checks)
 
 
+def _headroom(reg: Registry, plan: dict, reads: dict) -> dict:
+    """Plain fine-tuning's best epoch (by mean R@1) minus the zero-shot backbone, R@1 per direction: where
+    it is near zero no objective can show a fine-tuning gain, and comparative claims are not testable."""
+    from hnclip.report.tables import DIRECTION_LABELS
+    target, spec = plan["targets"]["headroom"], plan["headroom"]
+    label = reg.params["benchmarks"][spec["benchmark"]]["label"]
+    title = "Fine-tuning headroom: plain fine-tuning − zero-shot R@1 (points)"
+    if spec["run"] is None:
+        note = f"no table of profile {reg.profile_name!r} trains {spec['method']} on its training set"
+        return regime.precondition("headroom", title, [regime.check(f"{label} {DIRECTION_LABELS[d]} R@1", None, ">=",
+                                                                    target["min"], None, note)
+                                                       for d in target["directions"]])
+    tuned = _read(spec["finetuned"], reads, f"finetuned:{spec['benchmark']}")
+    zero = _read(spec["zeroshot"], reads, f"zeroshot:{spec['benchmark']}")
+    checks = []
+    for d in target["directions"]:
+        ft, zs = float(tuned["best"]["metrics"][d]["R@1"]), float(zero["best"]["metrics"][d]["R@1"])
+        checks.append(regime.check(f"{label} {DIRECTION_LABELS[d]} R@1", ft - zs, ">=", target["min"],
+                                   str(spec["finetuned"]), f"{reg.params['methods'][spec['method']]['label']} "
+                                   f"{ft:.2f} (epoch {tuned['best'].get('epoch')}) − zero-shot {zs:.2f}"))
+    return regime.precondition("headroom", title, checks)
+
+
+# ---- diagnostic: R@1 by edit kind ------------------------------------------------------------------
+def _edit_kinds_plan(reg: Registry, plan: dict) -> dict:
+    """The zero-shot benchmark's test set (its dataset marker) and the evaluation records split by edit kind:
+    the zero-shot backbone, then the plain and L_HN runs the report names (where a table trains them)."""
+    bench = plan["zeroshot"]["benchmark"]
+    test_role = reg.params["benchmarks"][bench]["test"]["dataset"]
+    methods = reg.params["methods"]
+    models = [("zero-shot", plan["zeroshot"]["path"])]
+    models += [(f"{methods[plan[key]['method']]['label']} ({plan[key]['method']})",
+                paths.evaluation(plan[key]["run"], bench)) for key in ("plain", "hn") if plan[key]["run"]]
+    return {"benchmark": bench, "dataset": paths.dataset_dir(reg.profile["data_root"], test_role) / "dataset.json",
+            "models": models}
+
+
+def _edit_kinds(reg: Registry, plan: dict, reads: dict) -> dict:
+    """R@1 by the edit that separates each test query from its sibling, per evaluated model at its best epoch
+    (`hnclip.report.edit_kinds`). A diagnostic, not a precondition: what it cannot compute (real data, a record
+    without per-query ranks, a file not built) it reports as a note."""
+    from hnclip.report import edit_kinds
+    diagnostic = _edit_kinds_plan(reg, plan)
+    bench = diagnostic["benchmark"]
+    manifest = reg.test_manifest(bench)
+    if not Path(manifest).is_file():
+        return {"benchmark": bench, "kinds": None, "note": f"{manifest} is missing", "models": []}
+    kinds, note = edit_kinds.benchmark_row_kinds(reg, bench)
+    if kinds is not None:
+        reads[f"test_manifest:{bench}"] = manifest
+    models = []
+    for label, path in diagnostic["models"]:
+        entry = {"label": label, "eval_file": str(path), "epoch": None, "r1": None, "note": ""}
+        if kinds is None:
+            entry["note"] = note
+        elif not Path(path).is_file():
+            entry["note"] = f"{path} is missing"
+        else:
+            best = _read(path, reads, f"edit_kinds:{path}")["best"]
+            ranks = best["metrics"].get("ranks")
+            entry["epoch"] = best.get("epoch")
+            if ranks is None:
+                entry["note"] = "no per-query ranks recorded (evaluated before ranks were kept): rerun its evaluation"
+            else:
+                entry["r1"] = edit_kinds.r1_by_kind(ranks, kinds)
+        models.append(entry)
+    return {"benchmark": bench, "label": reg.params["benchmarks"][bench]["label"], "note": note,
+            "kinds": None if kinds is None else {k: kinds.count(k) for k in edit_kinds.KIND_ORDER if k in kinds},
+            "models": models}
+
+
 def build_regime(reg: Registry) -> list[Path]:
     """Write and return results/stats/regime.json and results/stats/regime.md."""
     from hnclip.training.loop import SATURATION_THRESHOLD
@@ -181,10 +266,11 @@ def build_regime(reg: Registry) -> list[Path]:
     plan = regime_plan(reg)
     reads: dict[str, Path] = {}
     preconditions = [_zeroshot(reg, plan, reads), *_saturation(reg, plan, reads, SATURATION_THRESHOLD),
-                     _siblings(plan, reads), _geometry(reg, plan, reads)]
+                     _siblings(plan, reads), _geometry(reg, plan, reads), _headroom(reg, plan, reads)]
     report = {"profile": reg.profile_name, "saturation_threshold": SATURATION_THRESHOLD, "seed": plan["seed"],
               "micro_batch": plan["micro_batch"], "runs": {key: plan[key]["run"] for key in ("plain", "hn")},
               "all_met": regime.all_met(p["met"] for p in preconditions), "preconditions": preconditions}
+    report["edit_kinds"] = _edit_kinds(reg, plan, reads)
     report["provenance"] = provenance.record("stats", inputs=reads, params={"regime_targets": plan["targets"]},
                                              wall_time_s=time.time() - started)
     json_path, md_path = paths.regime_report("json"), paths.regime_report("md")

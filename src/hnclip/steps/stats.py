@@ -57,7 +57,7 @@ def caption_statistics(reg: Registry, benchmark: str) -> Path:
 
     from hnclip.data.manifest import read_manifest
     from hnclip.evaluation.caption_geometry import caption_geometry, length_statistics
-    from hnclip.models.factory import load_backbone
+    from hnclip.models.factory import backbone_pin, load_backbone
     from hnclip.runtime.device import resolve_device
     from hnclip.runtime.gpu_slots import acquire_slot
 
@@ -65,7 +65,7 @@ def caption_statistics(reg: Registry, benchmark: str) -> Path:
     reg.test_manifest(benchmark)  # an unknown benchmark fails before the backbone is loaded
     name, spec = reg.backbone_name(), reg.backbone_spec()
     weights = paths.backbone_weights(name, spec["kind"], reg.profile["data_root"])
-    backbone = load_backbone(spec["kind"], weights, spec["model_config"])
+    backbone = load_backbone(spec["kind"], weights, spec["model_config"], backbone_pin(reg.profile, spec))
     manifest = reg.test_manifest(benchmark)
     captions = [row.caption for row in read_manifest(manifest)]
     train_set = reg.params["benchmarks"][benchmark]["train"]

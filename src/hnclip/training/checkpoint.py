@@ -32,13 +32,18 @@ def save_checkpoint(checkpoint_dir: Path, spec_hash: str, trained: TrainedModel,
 
 
 def load_checkpoint(checkpoint_dir: Path, spec_hash: str, trained: TrainedModel, optimizer,
-                    records: dict | None = None) -> dict | None:
+                    records: dict | None = None, origin: dict | None = None) -> dict | None:
     """Restore weights, optimizer and RNG in place; returns the loop state, or None without a checkpoint.
 
     `records`: the settings that shape the run's records but not its weights (per-epoch evaluation,
     gradient probe, timed costs). A checkpoint written under other ones cannot give the records now
     asked for (a finished run resumed would probe nothing), so it is not resumed: None, and the run
-    trains afresh to the same weights (`state["records"]` holds them; older checkpoints lack them)."""
+    trains afresh to the same weights (`state["records"]` holds them; older checkpoints lack them).
+
+    `origin`: the content the run starts from (initial weights, training manifest; `state["origin"]`). A
+    run id names a downloaded backbone and a real dataset by source, not by content, so a new release
+    (Long-CLIP-L re-uploaded, an archive re-released) keeps the id: a checkpoint trained from other
+    content is not resumed (None: the run trains afresh from what is there now)."""
     path = checkpoint_path(checkpoint_dir)
     if not path.exists():
         return None
@@ -46,6 +51,10 @@ def load_checkpoint(checkpoint_dir: Path, spec_hash: str, trained: TrainedModel,
     if payload["spec_hash"] != spec_hash:
         raise StaleArtifactError(f"{path} belongs to a different run spec ({payload['spec_hash'][:8]} != "
                                  f"{spec_hash[:8]}); delete {checkpoint_dir} to start this run afresh")
+    if origin is not None and payload["state"].get("origin") != origin:
+        print(f"{path}: trained from other initial weights or training data than are there now; training "
+              f"afresh", file=sys.stderr)
+        return None
     if records is not None and payload["state"].get("records") != records:
         print(f"{path}: written with other record settings (evaluation, gradient probe or timed costs) than "
               f"this run asks for; training afresh (same spec, so the same weights)", file=sys.stderr)

@@ -32,6 +32,7 @@ import torch
 
 from hnclip.losses.objective import Autocast, MarginKey, frozen_margin_features, group_terms
 from hnclip.models.towers import Encoded, encode_batch
+from hnclip.runtime.device import empty_cache
 
 MicroBatch = tuple[torch.Tensor, torch.Tensor]  # (images, tokens), on the device
 # (encoded rows of one group, exponentiated logit scale, objective, frozen-G features or None) -> named terms;
@@ -112,12 +113,12 @@ def is_out_of_memory(error: BaseException) -> bool:
 
 
 def fit_compute_batch(try_step: Callable[[int], None], requested: int, micro_batch: int,
-                      log: Callable[[str], None]) -> int:
+                      log: Callable[[str], None], device: torch.device | str = "cpu") -> int:
     """The compute batch to use: `requested` if try_step(requested) runs, else halved (rounded down
     to a multiple of micro_batch, never below micro_batch) until one runs without running out of
-    memory; the value used is logged. try_step runs one step at that size and must not leave
-    anything behind that matters (e.g. zero the gradients it made). Any other error, and running
-    out of memory at micro_batch itself, is raised."""
+    memory; the value used is logged. try_step runs one step at that size on `device` and must not
+    leave anything behind that matters (e.g. zero the gradients it made). Any other error, and
+    running out of memory at micro_batch itself, is raised."""
     micro_batches_per_forward(requested, micro_batch)
     size = requested
     while True:
@@ -132,12 +133,11 @@ def fit_compute_batch(try_step: Callable[[int], None], requested: int, micro_bat
         smaller = max(micro_batch, size // 2 // micro_batch * micro_batch)
         log(f"compute_batch: {size} pairs per forward ran out of memory; trying {smaller}")
         size = smaller
-        _release_cached_memory()
+        _release_cached_memory(device)
 
 
-def _release_cached_memory() -> None:
-    # The failed step's tensors are garbage once its exception is gone; hand their blocks back so
-    # the smaller size is not refused for fragmentation.
+def _release_cached_memory(device: torch.device | str) -> None:
+    # The failed step's tensors are garbage once its exception is gone; hand their blocks back (on
+    # whichever backend ran it: CUDA, NPU, MPS) so the smaller size is not refused for fragmentation.
     gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    empty_cache(device)

@@ -13,6 +13,7 @@ from hnclip.evaluation.selection import own_benchmark
 
 
 def finetune_job(reg: Registry, run_id: str, stop_after_steps: int | None = None):
+    from hnclip.models.factory import backbone_pin
     from hnclip.training.loop import (
         TrainJob,  # torch: imported only by the jobs that train (Snakefile parsing stays light)
     )
@@ -27,7 +28,7 @@ def finetune_job(reg: Registry, run_id: str, stop_after_steps: int | None = None
     return TrainJob(
         run_id=run_id, spec=run.spec, spec_hash=run.spec_hash,
         init_kind=backbone["kind"], init_path=paths.backbone_weights(name, backbone["kind"], data_root),
-        model_config=backbone["model_config"],
+        model_config=backbone["model_config"], init_sha256=backbone_pin(reg.profile, backbone),
         train_manifest=reg.train_manifest(run.train_set),
         eval_manifests={b: reg.test_manifest(b) for b in reg.eval_benchmarks(run.train_set)},
         selection_benchmark=own_benchmark(reg.eval_benchmarks(run.train_set)),

@@ -81,6 +81,8 @@ class TrainJob:
     # every: evaluate after every epoch (fine-tuning: selection, convergence figures); last: after the
     # last epoch only (backbone pretraining, whose record reports only its final score)
     evaluate_epochs: str = "every"
+    # the sha256 a downloaded init checkpoint must have (the profile's source table); None: the release's pin
+    init_sha256: str | None = None
 
 
 # ---- pieces ------------------------------------------------------------------------------------
@@ -164,6 +166,14 @@ def record_settings(job: TrainJob) -> dict:
             "grad_probe_every": int(execution.get("grad_probe_every", 0) or 0),
             "grad_probe_precision": execution.get("grad_probe_precision", "fp32"),
             "cost_only_steps": execution.get("cost_only_steps")}
+
+
+def run_origin(job: TrainJob) -> dict:
+    """The content a run starts from: sha256 of its initial weights (a download's from its verified marker)
+    and of its training manifest. A resume checkpoint is used only from the same (see load_checkpoint)."""
+    from hnclip.data.download import recorded_sha256
+    return {"init_weights": recorded_sha256(job.init_path) if job.init_path else None,
+            "train_manifest": file_sha256(job.train_manifest)}
 
 
 def _fresh_state() -> dict:
@@ -299,7 +309,7 @@ def _build_model(job: TrainJob, device: torch.device):
     """(backbone, trained model, frozen text tower or None) as the run starts: init weights, logit
     scale reset, then the framework's wrapping (the frozen-G tower is copied from the bare CLIP)."""
     recipe, objective = job.spec["recipe"], job.spec["objective"]
-    backbone = load_backbone(job.init_kind, job.init_path, job.model_config)
+    backbone = load_backbone(job.init_kind, job.init_path, job.model_config, job.init_sha256)
     base = backbone.model.to(device).train()
     if recipe.get("reset_logit_scale"):
         with torch.no_grad():
@@ -376,9 +386,9 @@ def _train(job: TrainJob, distributed: Distributed) -> dict:
     compute_batch = execution.get("compute_batch", micro) if mode == "compute" else micro
     probe = GradientProbe.from_settings(execution, objective) if method.encodes_plain_pairs else None
 
-    records = record_settings(job)
-    state = load_checkpoint(job.checkpoint_dir, job.spec_hash, trained, optimizer, records) or _fresh_state()
-    state["records"] = records
+    records, origin = record_settings(job), run_origin(job)
+    state = load_checkpoint(job.checkpoint_dir, job.spec_hash, trained, optimizer, records, origin) or _fresh_state()
+    state["records"], state["origin"] = records, origin
     state.setdefault("grad_probe", [])
     timers = state.setdefault("timers", {"eval_s": 0.0, "probe_s": 0.0, "train_s": 0.0})
     resumed_from = state["step"] if state["step"] else None
@@ -393,7 +403,9 @@ def _train(job: TrainJob, distributed: Distributed) -> dict:
         groups = accumulation_groups(epoch_micro_batches(indices, micro, spec["seed"], epoch), accum)
         for group_index in range(state["group"], len(groups)):
             step_started = time.time()
-            factor = cosine_lr(state["step"], total_steps, 1.0, recipe["warmup_steps"])
+            factor = cosine_lr(state["step"], total_steps, 1.0, recipe["warmup_steps"]) if method.lr_factor is None \
+                else method.lr_factor(epoch * micro_per_epoch + group_index * accum, recipe["epochs"] * micro_per_epoch,
+                                      accum)  # a method with its released schedule (FineLIP)
             set_learning_rates(optimizer, factor)
             optimizer.zero_grad(set_to_none=True)
             batches = [method.to_device(method.load(distributed.local_slice(ix)), device) for ix in groups[group_index]]
@@ -486,7 +498,7 @@ def _fit_compute_batch(model, optimizer, batches, objective, frozen_text, autoca
         compute_batch_backward(model, batches, objective, frozen_text, autocast, lambda record: None, size, micro,
                                margin_keys=[(0, k) for k in range(len(batches))])  # any: its gradients are dropped
         optimizer.zero_grad(set_to_none=True)
-    return fit_compute_batch(try_step, requested, micro, lambda line: print(line, file=sys.stderr))
+    return fit_compute_batch(try_step, requested, micro, lambda line: print(line, file=sys.stderr), device)
 
 
 def backbone_info(job: TrainJob) -> dict:

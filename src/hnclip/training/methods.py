@@ -5,12 +5,14 @@ InfoNCE, plus lambda * L_tok. The machinery baselines train their own objectives
 (`hnclip.losses.finelip`, `.goal`, `.structxlip`), whose global image-caption term becomes L_HN
 when the recipe's gamma > 0 (the paper's plug-and-play swap, D.2); their other terms are
 untouched. Each method says what one micro-batch holds (`load`), its terms (`terms`), what
-happens after each optimizer step (StructXLIP clamps the logit scale) and which extra module,
-if any, trains beside the CLIP (FineLIP's aggregators, at their own learning rate).
+happens after each optimizer step (StructXLIP clamps the logit scale), which extra module,
+if any, trains beside the CLIP (FineLIP's aggregators, at their own learning rate) and, where the
+release has its own, the learning-rate schedule (FineLIP's).
 """
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -36,6 +38,9 @@ class Method:
     terms: Callable[..., dict[str, torch.Tensor]]          # (model, batch on device, position, autocast)
     extra_module: torch.nn.Module | None = None           # trained beside the CLIP, checkpointed, not exported
     after_step: Callable[[torch.nn.Module], None] = lambda model: None
+    # (first micro-batch of the step, micro-batches of the run, grad_accum) -> factor of the base rates;
+    # None: the profile's schedule (`loop.cosine_lr`)
+    lr_factor: Callable[[int, int, int], float] | None = None
     summary: dict = field(default_factory=dict)           # recorded in train.json (e.g. fallback counts)
 
     def to_device(self, batch, device: torch.device):
@@ -68,6 +73,40 @@ def build_method(framework: str, objective: dict, settings: dict, model: torch.n
                      f"{(*TRAINED_FRAMEWORKS, *BASELINE_FRAMEWORKS)}")
 
 
+FINELIP_LR_SCHEDULES = ("released", "cosine")
+FINELIP_TRAINER_SETTINGS = ("epoch0_warmup", "lr_schedule", "warmup_micro_steps")  # the trainer's, not the loss's
+
+
+def finelip_released_lr(first_micro_step: int, total_micro_steps: int, grad_accum: int,
+                        warmup_micro_steps: int = 200) -> float:
+    """FineLIP's released learning-rate schedule, as a factor of every group's base rate, for the optimizer
+    step whose first micro-batch is `first_micro_step` (0-based over the run).
+
+    FL @9389127 (train/scheduler.py:10-27; train/train.py:186, 204-207, 279-285) builds
+    `cosine_lr(warmup_length=200, steps=epochs * len(loader) / accumulation_steps)` and calls it after each
+    optimizer step with `step` = the index of that step's last micro-batch. So step 0 runs at the base rate
+    and a later step at f(k), k = its first micro-batch - 1:
+        f(k) = (k + 1) / W                                     for k < W   (W = 200 micro-batches)
+        f(k) = 1/2 (1 + cos(pi (k - W) / (K - W)))             otherwise, K = total_micro_steps / grad_accum
+    k counts micro-batches but K optimizer steps, so the cosine runs grad_accum times too fast: at the
+    release's 4x accumulation the rate is 0 at a quarter and about three quarters of training and back near
+    the base rate at about half and at the end (W shifts the later turns by a little when K >> W); at the
+    protocol's 8x it is 0 first at 1/8, then about every quarter. A run shorter than W micro-batches never
+    leaves the warm-up.
+    """
+    if first_micro_step == 0:
+        return 1.0
+    k = first_micro_step - 1
+    if k < warmup_micro_steps:
+        return (k + 1) / warmup_micro_steps
+    span = total_micro_steps / grad_accum - warmup_micro_steps
+    if span == 0:
+        raise ValueError(f"FineLIP's released schedule is undefined when the run's optimizer steps "
+                         f"({total_micro_steps} / {grad_accum}) equal its warm-up ({warmup_micro_steps}); "
+                         f"change warmup_micro_steps or the run's length")
+    return 0.5 * (1.0 + math.cos(math.pi * (k - warmup_micro_steps) / span))
+
+
 def _finelip(objective: dict, settings: dict, model, train_set) -> Method:
     from hnclip.losses.finelip import (
         build_finelip_module,
@@ -75,14 +114,24 @@ def _finelip(objective: dict, settings: dict, model, train_set) -> Method:
         finelip_loss_terms,
     )
     warmup = settings["epoch0_warmup"]
-    loss_settings = {key: value for key, value in settings.items() if key != "epoch0_warmup"}
+    schedule = settings["lr_schedule"]
+    if schedule not in FINELIP_LR_SCHEDULES:
+        raise ValueError(f"FineLIP lr_schedule must be one of {FINELIP_LR_SCHEDULES}, got {schedule!r}")
+    loss_settings = {key: value for key, value in settings.items() if key not in FINELIP_TRAINER_SETTINGS}
     module = build_finelip_module(model, loss_settings).to(next(model.parameters()).device)
 
     def terms(model, batch, position: Position, autocast: Autocast = contextlib.nullcontext):
         factor = fine_warmup_factor(position.epoch, position.micro_batch, position.micro_batches_per_epoch) \
             if warmup else 1.0
         return finelip_loss_terms(model, module, *batch, objective, loss_settings, factor, autocast)
-    return Method("finelip", train_set.batch, terms, extra_module=module)
+
+    lr_factor = None
+    if schedule == "released":
+        warmup_micro_steps = settings["warmup_micro_steps"]
+
+        def lr_factor(first_micro_step: int, total_micro_steps: int, grad_accum: int) -> float:
+            return finelip_released_lr(first_micro_step, total_micro_steps, grad_accum, warmup_micro_steps)
+    return Method("finelip", train_set.batch, terms, extra_module=module, lr_factor=lr_factor)
 
 
 def _goal(objective: dict, settings: dict, model, train_set, auxiliary: dict[str, Path], tokenizer) -> Method:
