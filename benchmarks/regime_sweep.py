@@ -228,10 +228,8 @@ class _StopAfterEpoch(Exception):
         self.state = state
 
 
-def finetune_epoch1(reg) -> dict:
-    """Plain fine-tuning (`longclip_ft` on docci, the profile's recipe), stopped when epoch 1 ends."""
-    from hnclip.report.regime import epoch_share
-    from hnclip.training import loop
+def _fresh_plain_finetune_job(reg):
+    """(run id, job) of plain fine-tuning on docci with the profile's recipe, unprobed, its old outputs gone."""
     from hnclip.training.jobs import finetune_job
     run_id = reg.run_spec("docci", reg.params["methods"]["longclip_ft"], reg.profile["seeds"][0], 1.0).run_id
     job = finetune_job(reg, run_id)
@@ -239,6 +237,14 @@ def finetune_epoch1(reg) -> dict:
     job.eval_cache_dir = None
     shutil.rmtree(job.checkpoint_dir, ignore_errors=True)
     shutil.rmtree(job.out_dir, ignore_errors=True)
+    return run_id, job
+
+
+def finetune_epoch1(reg) -> dict:
+    """Plain fine-tuning (`longclip_ft` on docci, the profile's recipe), stopped when epoch 1 ends."""
+    from hnclip.report.regime import epoch_share
+    from hnclip.training import loop
+    run_id, job = _fresh_plain_finetune_job(reg)
     original = loop._end_of_epoch
 
     def end_of_epoch(job_, trained, state, epoch, eval_sets, device):
@@ -273,13 +279,7 @@ def finetune_full(reg) -> dict:
     from hnclip.report.edit_kinds import benchmark_row_kinds, r1_by_kind
     from hnclip.report.regime import epoch_share
     from hnclip.training import loop
-    from hnclip.training.jobs import finetune_job
-    run_id = reg.run_spec("docci", reg.params["methods"]["longclip_ft"], reg.profile["seeds"][0], 1.0).run_id
-    job = finetune_job(reg, run_id)
-    job.execution = {**job.execution, "grad_probe_every": 0, "keep_epoch_weights": False}
-    job.eval_cache_dir = None
-    shutil.rmtree(job.checkpoint_dir, ignore_errors=True)
-    shutil.rmtree(job.out_dir, ignore_errors=True)
+    run_id, job = _fresh_plain_finetune_job(reg)
     started = time.time()
     try:
         record = loop.train(job)
