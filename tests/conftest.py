@@ -11,6 +11,25 @@ from helpers.micro_project import build_micro_project
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 
+# The longest modules, longest first (`--durations` on two cores: end-to-end workflows, the SLURM cluster,
+# benchmark children, killed and resumed runs).
+# They are collected first and xdist keeps that order (its default sorts modules by their number of
+# tests), so each starts on a free worker at once and the short modules fill the gaps, instead of a long
+# module starting late and ending the run alone.
+LONGEST_FIRST = ("test_paper_rehearsal.py", "test_workflow.py", "test_slurm.py", "test_dvc.py",
+                 "test_lineage_audit.py", "test_benchmarks.py", "test_margin_controls.py")
+
+
+def pytest_configure(config):
+    config.option.loadscopereorder = False  # what --no-loadscope-reorder sets (pytest-xdist's --dist loadfile)
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item) -> int:
+        name = item.path.name
+        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+    items.sort(key=rank)  # stable: the default order within and after the long modules
+
 
 @pytest.fixture(scope="session")
 def project_root() -> Path:
