@@ -16,7 +16,7 @@ os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 # They are collected first and xdist keeps that order (its default sorts modules by their number of
 # tests), so each starts on a free worker at once and the short modules fill the gaps, instead of a long
 # module starting late and ending the run alone.
-LONGEST_FIRST = ("test_paper_rehearsal.py", "test_workflow.py", "test_slurm.py", "test_dvc.py",
+LONGEST_FIRST = ("test_paper_rehearsal.py", "test_slurm.py", "test_workflow.py", "test_dvc.py",
                  "test_lineage_audit.py", "test_benchmarks.py", "test_margin_controls.py")
 
 
