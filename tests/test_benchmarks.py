@@ -15,6 +15,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 command1_costs = importlib.import_module("command1_costs")
 recall_large = importlib.import_module("recall_large")
+run_overheads = importlib.import_module("run_overheads")
 throughput = importlib.import_module("throughput")
 token_memory = importlib.import_module("token_memory")
 
@@ -149,6 +150,19 @@ def test_command1_costs_splits_job_time_and_bounds_the_cold_run(tmp_path):
     assert command1_costs.matrix_steps_bound(record["training"], planned, 300.0, 2) == \
         pytest.approx(300 + (640 * 30 / 64 + 128 * 80 / 64) / 2, abs=0.05)
     assert command1_costs.matrix_steps_bound(record["training"], {**planned, "lora": 10}, 300.0, 2) is None
+
+
+def test_run_overheads_records_evaluation_probe_and_checkpoint_costs(tmp_path):
+    out = tmp_path / "overheads.jsonl"
+    record = run_overheads.main(["--repeats", "1", "--test-size", "8", "--batch-sizes", "8,4",
+                                 "--model-config", "hnclip-tiny", "--out", str(out)])
+    assert read_lines(out) == [json.loads(json.dumps(record))]
+    assert set(record["eval_s"]) == {"docci_test", "long_dci_test"}
+    for split in record["eval_s"].values():
+        assert set(split) == {"8", "4"} and all(t["images"] > 0 and t["captions"] > 0 for t in split.values())
+    assert record["probe_s"]["with_bf16"] > record["probe_s"]["without_bf16"] > 0  # the bf16 pass costs extra
+    assert record["model_config"] == "hnclip-tiny" and record["resume_checkpoint_mb"] > 0
+    assert record["gemm_gflops_1thread"] > 0 and record["commit"]
 
 
 def test_command1_costs_plans_the_micro_batches_of_every_run(project_root):

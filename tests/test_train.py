@@ -33,9 +33,15 @@ def test_schedule_and_batches_are_deterministic():
     assert [len(b) for b in a] == [16, 16, 16]  # incomplete tail dropped
 
 
-def test_killed_run_resumes_to_identical_result(tiny_data, tmp_path):
+def test_killed_run_resumes_to_identical_result(tiny_data, tmp_path, monkeypatch):
+    import hnclip.training.loop as loop
+    saved_at, real_save = [], loop.save_checkpoint
+    monkeypatch.setattr(loop, "save_checkpoint",
+                        lambda *args: saved_at.append(args[-1]["step"]) or real_save(*args))
     reference = train(make_job(tiny_data, tmp_path / "uninterrupted"))
     assert reference["optimizer_steps"] == 6  # 48 pairs / 8 = 6 micro-batches / 2 = 3 steps, 2 epochs
+    assert saved_at == [2, 3, 4, 6]  # every 2 steps and at each epoch's end, which step 6 is: written once
+    monkeypatch.undo()
 
     job = make_job(tiny_data, tmp_path / "killed", stop_after_steps=5)
     payload = {k: (str(v) if hasattr(v, "parts") else v) for k, v in job.__dict__.items()}

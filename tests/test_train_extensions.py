@@ -189,6 +189,10 @@ def test_probe_measures_both_losses_without_side_effects(tiny_data):
     assert (probe.gamma, probe.gamma_source) == (0.5, "default")
     assert GradientProbe.from_settings({}, SPEC["objective"]) is None
     assert [probe.due(step) for step in range(4)] == [True, False, False, True]
+    every_other = GradientProbe.from_settings({"grad_probe_every": 3, "grad_probe_bf16_every": 2}, SPEC["objective"])
+    assert [step for step in range(13) if every_other.bf16_due(step)] == [0, 6, 12]  # probes 0, 2 and 4
+    never = GradientProbe.from_settings({"grad_probe_every": 1, "grad_probe_bf16_every": 0}, SPEC["objective"])
+    assert not any(never.bf16_due(step) for step in range(5))
 
     rng = torch.get_rng_state()
     record = probe.measure(model, list(model.parameters()), images, tokens)
@@ -205,11 +209,20 @@ def test_probe_measures_both_losses_without_side_effects(tiny_data):
     assert record["clip_grad_norm"] == pytest.approx(expected_norm, rel=1e-12)
     assert 0 < record["clip_max_abs_dlogit"] <= 1 and 0 < record["hn_max_abs_dlogit"] <= 1  # |p - y| / B
     assert record["exactly_zero_norms"] == 0 and -1 <= record["grad_cosine"] <= 1
+    assert record["clip_bf16_grad_exactly_zero"] is False and record["clip_bf16_loss"] > 0  # CPU: bf16 autocast
+
+    skipped = probe.measure(model, list(model.parameters()), images, tokens, with_bf16=False)
+    assert {k: v for k, v in skipped.items() if k.startswith("clip_bf16_")} == {
+        "clip_bf16_loss": None, "clip_bf16_grad_norm": None, "clip_bf16_grad_exactly_zero": None,
+        "clip_bf16_max_abs_dlogit": None}
+    assert {k: v for k, v in skipped.items() if not k.startswith("clip_bf16_")} == \
+        {k: v for k, v in record.items() if not k.startswith("clip_bf16_")}
 
 
 def test_probe_records_and_identical_training_in_exact_batch_mode(tiny_data, tmp_path):
     recipe = {"exact_batch": True}
-    probed_job = make_job(tiny_data, tmp_path / "probed", recipe=recipe, execution={"grad_probe_every": 2})
+    probed_job = make_job(tiny_data, tmp_path / "probed", recipe=recipe,
+                          execution={"grad_probe_every": 2, "grad_probe_bf16_every": 2})
     probed = train(probed_job)
     plain = train(make_job(tiny_data, tmp_path / "plain", recipe=recipe))
     assert probed["final_weights_sha256"] == plain["final_weights_sha256"]  # the probe changes nothing
@@ -223,7 +236,9 @@ def test_probe_records_and_identical_training_in_exact_batch_mode(tiny_data, tmp
         assert 0 <= r["clip_zero_grad_fraction"] <= 1 and 0 <= r["hn_zero_grad_fraction"] <= 1
         assert r["clip_max_abs_dlogit"] >= 0 and r["hn_max_abs_dlogit"] >= 0
         assert (r["gamma"], r["gamma_source"], r["exactly_zero_norms"]) == (0.5, "objective", 0)
+    assert [r["clip_bf16_grad_exactly_zero"] is not None for r in records] == [True, False, True]  # every 2nd probe
     assert probed["training"]["grad_probe"]["measurements"] == 3
+    assert probed["training"]["grad_probe"]["bf16_every"] == 2
     assert torch.load(probed_job.checkpoint_dir / "last.pt", weights_only=True)["state"]["grad_probe"] == records
     assert not (tmp_path / "plain" / "run" / "grad_probe.jsonl").exists()
 

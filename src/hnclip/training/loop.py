@@ -162,9 +162,11 @@ def record_settings(job: TrainJob) -> dict:
     """What the run's records depend on beyond its spec (the train rule's other params): a resume
     checkpoint is used only under the same ones."""
     execution = job.execution
+    probe_every = int(execution.get("grad_probe_every", 0) or 0)
     return {"evaluation": job.evaluation, "eval_manifests": sorted(job.eval_manifests),
-            "grad_probe_every": int(execution.get("grad_probe_every", 0) or 0),
+            "grad_probe_every": probe_every,
             "grad_probe_precision": execution.get("grad_probe_precision", "fp32"),
+            "grad_probe_bf16_every": int(execution.get("grad_probe_bf16_every", 1)) if probe_every else None,
             "cost_only_steps": execution.get("cost_only_steps")}
 
 
@@ -417,8 +419,8 @@ def _train(job: TrainJob, distributed: Distributed) -> dict:
                 probe_autocast = autocast if execution.get("grad_probe_precision", "fp32") == "run" \
                     else contextlib.nullcontext
                 measured = probe.measure(model, trained.trainable_parameters(), *batches[0], frozen_text,
-                                         probe_autocast,
-                                         distributed, margin_keys[0])
+                                         probe_autocast, distributed, margin_keys[0],
+                                         with_bf16=probe.bf16_due(state["step"]))
                 state["grad_probe"].append({"step": state["step"], "epoch": epoch + 1, **measured})
                 timers["probe_s"] += time.time() - probe_started
             check = functools.partial(_require_finite, job=job, epoch=epoch, step=state["step"])
@@ -448,7 +450,8 @@ def _train(job: TrainJob, distributed: Distributed) -> dict:
             timers["train_s"] += time.time() - step_started
             progress.update(1)
             progress.set_postfix(loss=f"{records[-1]['total']:.3g}", refresh=False)
-            if main and state["step"] % execution["checkpoint_every_steps"] == 0:
+            # (an epoch's last step is saved by the end-of-epoch checkpoint just below)
+            if main and state["step"] % execution["checkpoint_every_steps"] == 0 and group_index + 1 < len(groups):
                 save_checkpoint(job.checkpoint_dir, job.spec_hash, trained, optimizer, state)
             if job.stop_after_steps and state["step"] >= job.stop_after_steps:
                 progress.close()

@@ -10,7 +10,9 @@ largest |dL/dlogit| of each loss.
 
 Where an "exact zero in fp32" can come from (Table X1): the same batch's L_CLIP is also measured
 with its forward and loss under bf16 autocast, as open_clip's training step computes them (matmuls in
-bf16, softmax and cross-entropy autocast to fp32; `clip_bf16_*`), and the fp32 gradient's norm is also
+bf16, softmax and cross-entropy autocast to fp32; `clip_bf16_*`) on every `execution.grad_probe_bf16_every`-th
+probe (a CPU without bf16 units spends about 4x the rest of a probe on it; rows that skip it hold None, and
+the reports count only the rows that measured it), and the fp32 gradient's norm is also
 computed the way an fp32 trainer computes it (`clip_grad_norm_fp32`: squares in fp32, which
 underflow below ~1e-22 per entry), beside the float64 norm.
 
@@ -54,31 +56,40 @@ class GradientProbe:
     margin: str          # live | frozen, as the run
     margin_control: str = "none"     # none | constant | shuffled, as the run
     run_seed: int | None = None      # a shuffled-G run's seed (its shuffles' first part)
+    bf16_every: int = 1              # the bf16 L_CLIP measurement on every k-th probe (0: never)
 
     @classmethod
     def from_settings(cls, execution: dict, objective: dict) -> "GradientProbe | None":
         every = int(execution.get("grad_probe_every", 0) or 0)
         if every <= 0:
             return None
+        bf16_every = int(execution.get("grad_probe_bf16_every", 1))
         if objective["gamma"] > 0:
             return cls(every, float(objective["gamma"]), "objective", objective["margin"],
-                       margin_control(objective), objective.get("run_seed"))
-        return cls(every, DEFAULT_PROBE_GAMMA, "default", objective["margin"])
+                       margin_control(objective), objective.get("run_seed"), bf16_every)
+        return cls(every, DEFAULT_PROBE_GAMMA, "default", objective["margin"], bf16_every=bf16_every)
 
     def due(self, step: int) -> bool:
         """Probe before optimizer steps 0, k, 2k, ... (step = updates done so far)."""
         return step % self.every == 0
 
+    def bf16_due(self, step: int) -> bool:
+        """Whether the probe before `step` also measures L_CLIP under bf16 autocast: probes 0, k, 2k, ...
+        for k = bf16_every."""
+        return self.bf16_every > 0 and step % (self.every * self.bf16_every) == 0
+
     def measure(self, model, parameters: list[torch.nn.Parameter], images, tokens, frozen_text=None,
                 autocast: Autocast = contextlib.nullcontext, distributed: Distributed = Distributed(),
-                margin_key: MarginKey | None = None) -> dict:
-        """`margin_key`: the probed micro-batch's key (a shuffled-G run draws its training shuffle)."""
+                margin_key: MarginKey | None = None, with_bf16: bool = True) -> dict:
+        """`margin_key`: the probed micro-batch's key (a shuffled-G run draws its training shuffle);
+        `with_bf16`: also measure L_CLIP under bf16 autocast (else its fields are None)."""
         with _preserved_rng(images.device):
             losses, logits = self._losses(model, images, tokens, frozen_text, autocast, margin_key)
             clip_grads = torch.autograd.grad(losses["clip"], [*parameters, logits["clip"]], retain_graph=True,
                                              allow_unused=True)
             hn_grads = torch.autograd.grad(losses["hn"], [*parameters, logits["hn"]], allow_unused=True)
-            bf16 = bf16_infonce_gradient(model, parameters, images, tokens, distributed)
+            bf16 = bf16_infonce_gradient(model, parameters, images, tokens, distributed) if with_bf16 \
+                else not_measured_bf16()
         clip_params = _dense(clip_grads[:-1], parameters)
         hn_params = _dense(hn_grads[:-1], parameters)
         if distributed.enabled:  # each rank holds its share of the global gradient (see losses.distributed)
@@ -125,8 +136,8 @@ def probe_summary(probe: GradientProbe | None, records: list[dict]) -> dict | No
     """What train.json says about the probe; the records themselves go to grad_probe.jsonl."""
     if probe is None:
         return None
-    return {"every": probe.every, "gamma": probe.gamma, "gamma_source": probe.gamma_source,
-            "margin": probe.margin, "measurements": len(records),
+    return {"every": probe.every, "bf16_every": probe.bf16_every, "gamma": probe.gamma,
+            "gamma_source": probe.gamma_source, "margin": probe.margin, "measurements": len(records),
             "clip_grad_exactly_zero": sum(r["clip_grad_exactly_zero"] for r in records),
             "hn_grad_exactly_zero": sum(r["hn_grad_exactly_zero"] for r in records),
             "clip_bf16_grad_exactly_zero": sum(bool(r.get("clip_bf16_grad_exactly_zero")) for r in records)}
@@ -139,13 +150,18 @@ def bf16_infonce_gradient(model, parameters: list[torch.nn.Parameter], images, t
     no bf16 autocast."""
     device_type = images.device.type
     if device_type not in BF16_AUTOCAST_DEVICE_TYPES:
-        return {f"clip_bf16_{key}": None for key in INFONCE_GRADIENT_FIELDS}
+        return not_measured_bf16()
 
     def forward():
         encoded = encode_batch(model, images, tokens, with_tokens=False)
         return encoded.image_features, encoded.text_features, model.logit_scale.exp()
     measured = infonce_gradient(forward, parameters, "bf16", device_type, distributed)
     return {f"clip_bf16_{key}": measured[key] for key in INFONCE_GRADIENT_FIELDS}
+
+
+def not_measured_bf16() -> dict:
+    """The `clip_bf16_*` fields of a probe record that did not measure them."""
+    return {f"clip_bf16_{key}": None for key in INFONCE_GRADIENT_FIELDS}
 
 
 def infonce_gradient(forward, parameters: list[torch.nn.Parameter], precision: str, device_type: str = "cpu",
