@@ -174,12 +174,19 @@ def main(argv: list[str] | None = None) -> dict:
         return {}
     if not (args.project / "logs").is_dir():
         parser.error(f"{args.project}/logs does not exist: run README command 1 there first")
-    record = {"benchmark": "command1_costs",
-              "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "commit": _commit(args.project), "gemm_gflops_1thread": gemm_gflops(),
-              **summarise(args.project, args.cores, args.cold_s)}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("a") as handle:
+    return append_record(args.out, {"benchmark": "command1_costs", "timestamp": utc_now(),
+                                    "commit": _commit(args.project), "gemm_gflops_1thread": gemm_gflops(),
+                                    **summarise(args.project, args.cores, args.cold_s)})
+
+
+def utc_now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def append_record(out: Path, record: dict) -> dict:
+    """Append `record` as one JSON line to `out` (created with its folder), print it and return it."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("a") as handle:
         handle.write(json.dumps(record) + "\n")
     print(json.dumps(record, indent=1))
     return record

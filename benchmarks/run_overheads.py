@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
-import json
 import statistics
 import sys
 import tempfile
@@ -91,7 +89,7 @@ def measure(repeats: int, test_size: int, batch_sizes: list[int], model_config: 
 
 def main(argv: list[str] | None = None) -> dict:
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from command1_costs import _commit, gemm_gflops
+    from command1_costs import _commit, append_record, gemm_gflops, utc_now
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--test-size", type=int, default=300, help="pairs per test split (the embedded default: 300)")
@@ -101,18 +99,11 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     with contextlib.redirect_stderr(sys.stdout):  # open_clip's "no pretrained weights" warning
         gflops = gemm_gflops()
-    record = {"benchmark": "run_overheads",
-              "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "commit": _commit(ROOT), "model_config": args.model_config, "threads": 1, "repeats": args.repeats,
-              "test_size": args.test_size, "gemm_gflops_1thread": gflops,
-              **measure(args.repeats, args.test_size, [int(b) for b in args.batch_sizes.split(",")],
-                        args.model_config)}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("a") as handle:
-        handle.write(json.dumps(record) + "\n")
-    print(json.dumps(record, indent=1))
-    return record
-
+    return append_record(args.out, {
+        "benchmark": "run_overheads", "timestamp": utc_now(), "commit": _commit(ROOT),
+        "model_config": args.model_config, "threads": 1, "repeats": args.repeats, "test_size": args.test_size,
+        "gemm_gflops_1thread": gflops,
+        **measure(args.repeats, args.test_size, [int(b) for b in args.batch_sizes.split(",")], args.model_config)})
 
 if __name__ == "__main__":
     main()
