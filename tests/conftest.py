@@ -16,12 +16,22 @@ os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 # They are collected first and xdist keeps that order (its default sorts modules by their number of
 # tests), so each starts on a free worker at once and the short modules fill the gaps, instead of a long
 # module starting late and ending the run alone.
-LONGEST_FIRST = ("test_paper_rehearsal.py", "test_slurm.py", "test_workflow.py", "test_dvc.py",
+LONGEST_FIRST = ("test_paper_rehearsal.py", "test_slurm.py", "test_workflow.py",
                  "test_lineage_audit.py", "test_benchmarks.py", "test_margin_controls.py")
 
 
 def pytest_configure(config):
     config.option.loadscopereorder = False  # what --no-loadscope-reorder sets (pytest-xdist's --dist loadfile)
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: plain `pytest` runs without xdist's plugin too
+def pytest_xdist_make_scheduler(config, log):
+    """Under `--dist loadfile`, the modules of a shared session fixture are one work unit
+    (helpers.scheduling); other modes keep xdist's own scheduler."""
+    if config.getvalue("dist") == "loadfile":
+        from helpers.scheduling import grouped_file_scheduling
+        return grouped_file_scheduling(config, log)
+    return None
 
 
 def pytest_collection_modifyitems(items):
