@@ -7,17 +7,10 @@ import pytest
 import yaml
 from helpers.fault_server import running_server
 from helpers.micro_project import build_micro_project
+from helpers.scheduling import LONGEST_FIRST, grouped_file_scheduling
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
-
-# The longest modules, longest first (`--durations` on two cores: end-to-end workflows, the SLURM cluster,
-# benchmark children, killed and resumed runs).
-# They are collected first and xdist keeps that order (its default sorts modules by their number of
-# tests), so each starts on a free worker at once and the short modules fill the gaps, instead of a long
-# module starting late and ending the run alone.
-LONGEST_FIRST = ("test_paper_rehearsal.py", "test_slurm.py", "test_workflow.py",
-                 "test_lineage_audit.py", "test_benchmarks.py", "test_margin_controls.py")
 
 
 def pytest_configure(config):
@@ -29,12 +22,12 @@ def pytest_xdist_make_scheduler(config, log):
     """Under `--dist loadfile`, the modules of a shared session fixture are one work unit
     (helpers.scheduling); other modes keep xdist's own scheduler."""
     if config.getvalue("dist") == "loadfile":
-        from helpers.scheduling import grouped_file_scheduling
         return grouped_file_scheduling(config, log)
     return None
 
 
 def pytest_collection_modifyitems(items):
+    """The longest modules first (helpers.scheduling.LONGEST_FIRST)."""
     def rank(item) -> int:
         name = item.path.name
         return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)

@@ -3,7 +3,13 @@ session fixture form one work unit, found from their test functions' parameters.
 from pathlib import Path
 from types import SimpleNamespace
 
-from helpers.scheduling import SHARED_SESSION_FIXTURES, grouped_file_scheduling, modules_taking, work_unit_of_module
+from helpers.scheduling import (
+    LONGEST_FIRST,
+    SHARED_SESSION_FIXTURES,
+    grouped_file_scheduling,
+    modules_taking,
+    work_unit_of_module,
+)
 
 TESTS = Path(__file__).resolve().parent
 
@@ -28,3 +34,8 @@ def test_the_suites_micro_project_modules_share_one_work_unit():
     scopes = {name: scheduler._split_scope(f"tests/{name}::test_case") for name in (*takers, "test_cli.py")}
     assert len({scopes[name] for name in takers}) == 1
     assert scopes["test_cli.py"] == "tests/test_cli.py"  # every other module is its own unit
+
+
+def test_the_longest_modules_named_first_exist():
+    assert len(set(LONGEST_FIRST)) == len(LONGEST_FIRST)
+    assert [name for name in LONGEST_FIRST if not (TESTS / name).is_file()] == []
