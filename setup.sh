@@ -20,9 +20,9 @@ fi
 .venv/bin/pip install --no-input --no-compile --no-deps -e . >>"$log" 2>&1 || { tail -n 30 "$log"; exit 1; }
 .venv/bin/pip check >>"$log" 2>&1 || { tail -n 30 "$log"; echo "setup: pip check failed"; exit 1; }
 # Byte-compile once, on every core (~35 s on two): where PYTHONDONTWRITEBYTECODE is set (common in
-# containers) Python never caches what it compiles, and every job would recompile torch, open_clip,
-# transformers and Snakemake from source (~5 s more per process start). A handful of files in the
-# packages' own test suites use newer syntax and do not compile; nothing imports them.
+# containers) Python never caches what it compiles, and every process would compile what it imports
+# from source again (`import open_clip`: 16 s instead of 6.5; benchmarks/import_times.py). A handful
+# of files in the packages' own test suites use newer syntax and do not compile; nothing imports them.
 .venv/bin/python -m compileall -qq -j 0 .venv/lib/python3*/site-packages >>"$log" 2>&1 || true
 echo "$want" > "$stamp"
 echo "setup: done"

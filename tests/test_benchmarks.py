@@ -14,6 +14,7 @@ import torch
 # The scripts import each other by module name, as when run from benchmarks/.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 command1_costs = importlib.import_module("command1_costs")
+import_times = importlib.import_module("import_times")
 recall_large = importlib.import_module("recall_large")
 run_overheads = importlib.import_module("run_overheads")
 throughput = importlib.import_module("throughput")
@@ -163,6 +164,32 @@ def test_run_overheads_records_evaluation_probe_and_checkpoint_costs(tmp_path):
     assert record["probe_s"]["with_bf16"] > record["probe_s"]["without_bf16"] > 0  # the bf16 pass costs extra
     assert record["model_config"] == "hnclip-tiny" and record["resume_checkpoint_mb"] > 0
     assert record["gemm_gflops_1thread"] > 0 and record["commit"]
+
+
+def test_import_times_compares_compiled_modules_with_compiling_from_source(tmp_path):
+    out = tmp_path / "imports.jsonl"
+    record = import_times.main(["--modules", "json,colorsys", "--repeats", "1", "--out", str(out)])
+    assert read_lines(out) == [json.loads(json.dumps(record))]
+    assert set(record["median_s"]) == {"json", "colorsys"}
+    for module, by_condition in record["median_s"].items():
+        assert set(by_condition) == {"compiled", "from_source"} and min(by_condition.values()) > 0
+        assert record["from_source_extra_s"][module] == pytest.approx(
+            by_condition["from_source"] - by_condition["compiled"], abs=1e-3)
+    assert record["from_source_wrote_nothing"] is True and record["git"]["commit"]
+    assert record["gemm_gflops_1thread"]["before"] > 0 and record["gemm_gflops_1thread"]["after"] > 0
+
+
+def test_import_times_from_source_finds_and_writes_no_compiled_module(tmp_path, monkeypatch):
+    """The `from_source` condition: no bytecode written, and none read (its cache prefix is empty);
+    the `compiled` one: the interpreter's defaults, whatever the caller's environment says."""
+    import subprocess
+    monkeypatch.setenv("PYTHONPYCACHEPREFIX", str(tmp_path / "callers"))
+    probe = "import sys; print(sys.flags.dont_write_bytecode, sys.pycache_prefix)"
+    flags = {condition: subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                                       env=import_times.condition_env(condition, tmp_path / "empty")).stdout.split()
+             for condition in import_times.CONDITIONS}
+    assert flags["from_source"] == ["1", str(tmp_path / "empty")]
+    assert flags["compiled"][1] == "None"
 
 
 def test_command1_costs_plans_the_micro_batches_of_every_run(project_root):
