@@ -49,9 +49,12 @@ def condition_env(condition: str, empty_prefix: Path) -> dict:
 
 def import_seconds(module: str, env: dict) -> float:
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-c", f"import {module}"], env=env, cwd=ROOT, check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    return time.perf_counter() - started
+    done = subprocess.run([sys.executable, "-c", f"import {module}"], env=env, cwd=ROOT,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    elapsed = time.perf_counter() - started
+    if done.returncode != 0:
+        raise SystemExit(f"import {module} failed:\n{done.stderr[-2000:]}")
+    return elapsed
 
 
 def main(argv: list[str] | None = None) -> dict:
