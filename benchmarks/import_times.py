@@ -10,7 +10,10 @@ is compiled from source again by every process. For each module this measures, i
 
 * `compiled`: the venv as setup.sh leaves it (its `__pycache__` files are read);
 * `from_source`: PYTHONDONTWRITEBYTECODE=1 and an empty PYTHONPYCACHEPREFIX, so that no compiled file
-  is found or written: every module is compiled from source, as in such a container without the step.
+  is found or written: every module is compiled from source, as in such a container without the step;
+* `project_from_source` (the project's own modules only): the venv compiled, the project's package
+  compiled from source (a copy of src/ without bytecode first on PYTHONPATH, nothing written), as
+  when setup.sh had not compiled src/.
 
 The median of --repeats wall-clock seconds per condition (interpreter start included), conditions
 interleaved; one JSON line appended to benchmarks/results/import_times.jsonl, with the machine's
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -34,16 +38,27 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "import_times.jsonl"
 # What the processes of command 1 and of the test suite start with: the model library, the workflow and
 # DVC command lines, plotting, and the project's own command line (which imports the rest lazily).
-MODULES = ("open_clip", "torch", "snakemake.cli", "dvc.cli", "matplotlib.pyplot", "hnclip.cli")
-CONDITIONS = ("compiled", "from_source")
+MODULES = ("open_clip", "torch", "snakemake.cli", "dvc.cli", "matplotlib.pyplot", "hnclip.cli",
+           "hnclip.steps.train")
+CONDITIONS = ("compiled", "from_source", "project_from_source")
+PROJECT_PACKAGE = "hnclip"
 
 
-def condition_env(condition: str, empty_prefix: Path) -> dict:
+def conditions_of(module: str) -> tuple[str, ...]:
+    return CONDITIONS if module.split(".")[0] == PROJECT_PACKAGE else CONDITIONS[:2]
+
+
+def condition_env(condition: str, empty_prefix: Path, source_copy: Path | None = None) -> dict:
+    """`source_copy`: a directory holding a bytecode-free copy of the project's package
+    (`project_from_source`)."""
     env = dict(os.environ)
     env.pop("PYTHONPYCACHEPREFIX", None)
     if condition == "from_source":
         env["PYTHONDONTWRITEBYTECODE"] = "1"
         env["PYTHONPYCACHEPREFIX"] = str(empty_prefix)  # nothing compiled is found there, nothing is written
+    if condition == "project_from_source":
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(source_copy), env.get("PYTHONPATH")]))
     return env
 
 
@@ -69,13 +84,17 @@ def main(argv: list[str] | None = None) -> dict:
     from hnclip.provenance import git_state, library_versions
     started = utc_now()
     speed_before = gemm_gflops()
-    seconds: dict[str, dict[str, list[float]]] = {m: {c: [] for c in CONDITIONS} for m in modules}
-    with tempfile.TemporaryDirectory(prefix="empty-pycache-") as empty:
+    seconds: dict[str, dict[str, list[float]]] = {m: {c: [] for c in conditions_of(m)} for m in modules}
+    with tempfile.TemporaryDirectory(prefix="empty-pycache-") as empty, \
+            tempfile.TemporaryDirectory(prefix="project-source-") as source_copy:
+        shutil.copytree(ROOT / "src" / PROJECT_PACKAGE, Path(source_copy) / PROJECT_PACKAGE,
+                        ignore=shutil.ignore_patterns("__pycache__"))
         for _ in range(args.repeats):
             for module in modules:
-                for condition in CONDITIONS:
-                    seconds[module][condition].append(import_seconds(module, condition_env(condition, Path(empty))))
-        left_empty = not any(Path(empty).iterdir())
+                for condition in conditions_of(module):
+                    env = condition_env(condition, Path(empty), Path(source_copy))
+                    seconds[module][condition].append(import_seconds(module, env))
+        left_empty = not any(Path(empty).iterdir()) and not list(Path(source_copy).rglob("__pycache__"))
     median = {m: {c: round(statistics.median(s), 3) for c, s in by.items()} for m, by in seconds.items()}
     record = {"benchmark": "import_times", "timestamp": started, "git": git_state(ROOT),
               "libraries": library_versions(), "python": sys.version.split()[0], "cpus": os.cpu_count(),
@@ -83,6 +102,8 @@ def main(argv: list[str] | None = None) -> dict:
               "gemm_gflops_1thread": {"before": speed_before, "after": gemm_gflops()},
               "from_source_wrote_nothing": left_empty, "median_s": median,
               "from_source_extra_s": {m: round(v["from_source"] - v["compiled"], 3) for m, v in median.items()},
+              "project_from_source_extra_s": {m: round(v["project_from_source"] - v["compiled"], 3)
+                                              for m, v in median.items() if "project_from_source" in v},
               "seconds": seconds}
     return append_record(args.out, record)
 

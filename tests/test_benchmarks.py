@@ -192,6 +192,22 @@ def test_import_times_from_source_finds_and_writes_no_compiled_module(tmp_path, 
     assert flags["compiled"][1] == "None"
 
 
+def test_import_times_compiles_only_the_projects_modules_from_source_in_its_own_condition(tmp_path):
+    """`project_from_source`: measured for the project's modules only, from a bytecode-free copy that
+    stays free of bytecode; the copy is what the import reads."""
+    import subprocess
+    assert import_times.conditions_of("json") == ("compiled", "from_source")
+    out = str(tmp_path / "i.jsonl")
+    record = import_times.main(["--modules", "json,hnclip.errors", "--repeats", "1", "--out", out])
+    assert set(record["median_s"]["hnclip.errors"]) == set(import_times.CONDITIONS)
+    assert set(record["project_from_source_extra_s"]) == {"hnclip.errors"}
+    assert record["from_source_wrote_nothing"] is True
+    env = import_times.condition_env("project_from_source", tmp_path / "empty", tmp_path / "copy")
+    where = subprocess.run([sys.executable, "-c", "import sys; print(sys.flags.dont_write_bytecode, sys.path[1])"],
+                           capture_output=True, text=True, check=True, env=env).stdout.split()
+    assert where == ["1", str(tmp_path / "copy")]
+
+
 def test_command1_costs_plans_the_micro_batches_of_every_run(project_root):
     """The committed params.yaml: every planned run's micro-batches, per framework, as the loop counts them."""
     planned = command1_costs.planned_micro_batches(project_root)
