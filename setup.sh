@@ -19,7 +19,7 @@ if [ -x .venv/bin/python ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]
   exit 0
 fi
 case $JOBS in ''|*[!0-9]*|0) echo "setup: HNCLIP_SETUP_JOBS must be a positive integer, not '$JOBS'"; exit 2;; esac
-echo "setup: building .venv from requirements.lock (first time: ~2 min, ~6 GB; torch comes from the local wheel cache)"
+echo "setup: building .venv from requirements.lock (first time: ~1.5 min, ~6 GB; torch comes from the local wheel cache)"
 rm -rf .venv
 "$PY" -m venv .venv
 log=.venv/setup.log

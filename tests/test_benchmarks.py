@@ -6,6 +6,7 @@ import importlib
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -267,3 +268,78 @@ def test_pretraining_runs_with_the_wait_policy_params_yaml_sets(empty_project, p
                          text=True, check=True).stdout
     (command,) = [line.strip() for line in out.splitlines() if " pretrain --backbone tiny_pretrained" in line]
     assert command.removeprefix("Shell command:").strip().startswith("OMP_WAIT_POLICY=PASSIVE ")
+
+
+# ---- CI's wall time on a fresh clone -------------------------------------------------------------------
+CI_TRANSCRIPT = """setup: building .venv from requirements.lock (first time: ~1.5 min, ~6 GB)
+setup: packages installed in 54 s (3 pip processes)
+setup: byte-compiled in 24 s
+setup: done
+........................................................................ [ 94%]
+============================= slowest 3 durations =============================
+264.36s setup    tests/test_paper_rehearsal.py::test_rehearsal_writes_every_table
+37.02s call     tests/test_benchmarks.py::test_pretrain_wait_policy[a b]
+0.01s teardown tests/test_x.py::test_y
+2 failed, 983 passed, 3 skipped, 1 xfailed, 2 warnings in 617.85s (0:10:17)"""
+
+
+def test_ci_walltime_reads_setup_outcome_and_slowest_tests_from_the_transcript():
+    ci_walltime = importlib.import_module("ci_walltime")
+    lines = [(10.0 * i, text) for i, text in enumerate(CI_TRANSCRIPT.splitlines())]
+    assert ci_walltime.phases(lines) == {
+        "setup_s": 30.0, "install_s": 54, "compile_s": 24, "pytest_s": 617.85,
+        "outcome": {"failed": 2, "passed": 983, "skipped": 3, "xfailed": 1, "warnings": 2},
+        "slowest": [{"s": 264.36, "phase": "setup",
+                     "test": "tests/test_paper_rehearsal.py::test_rehearsal_writes_every_table"},
+                    {"s": 37.02, "phase": "call", "test": "tests/test_benchmarks.py::test_pretrain_wait_policy[a b]"},
+                    {"s": 0.01, "phase": "teardown", "test": "tests/test_x.py::test_y"}]}
+    # setup failed: nothing of pytest, and no end of setup
+    assert ci_walltime.phases(lines[:2]) == {"setup_s": None, "install_s": 54, "compile_s": None, "pytest_s": None,
+                                             "outcome": {}, "slowest": []}
+
+
+def git_repository(path: Path, files: dict[str, str]) -> Path:
+    """A one-commit repository of `files` (with an executable .ci/run)."""
+    import subprocess
+    path.mkdir()
+    for name, text in files.items():
+        (path / name).parent.mkdir(parents=True, exist_ok=True)
+        (path / name).write_text(text)
+    (path / ".ci" / "run").chmod(0o755)
+    identity = ["-c", "user.name=t", "-c", "user.email=t@t"]
+    for command in (["init", "-q"], ["add", "-A"], [*identity, "commit", "-qm", "ci"]):
+        subprocess.run(["git", *command], cwd=path, check=True, capture_output=True)
+    return path
+
+
+def test_ci_walltime_runs_the_ci_command_on_a_clone_of_head_and_records_its_phases(tmp_path, monkeypatch):
+    """A repository whose `.ci/run` prints setup.sh's lines and runs pytest on two tests: the record has
+    the commit, the setup phases, the outcome and the slowest test (the --durations the script passes
+    through PYTEST_ADDOPTS); a failing suite is recorded too, with its exit status."""
+    ci_walltime = importlib.import_module("ci_walltime")
+    ci_run = "\n".join(["#!/usr/bin/env bash", "set -euo pipefail", "echo 'setup: packages installed in 3 s'",
+                        "echo 'setup: byte-compiled in 1 s'", "echo 'setup: done'",
+                        f"exec {sys.executable} -m pytest -q -p no:cacheprovider tests", ""])
+    suite = "import time\n\ndef test_slow():\n    time.sleep(0.3)\n\ndef test_fast():\n    assert {verdict}\n"
+    repo = git_repository(tmp_path / "repo", {".ci/run": ci_run, "tests/test_suite.py": suite.format(verdict="True")})
+    (repo / "uncommitted.txt").write_text("not in the clone")
+    out, scratch = tmp_path / "ci.jsonl", tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    args = ["--repo", str(repo), "--out", str(out), "--slowest", "1", "--gemm-seconds", "0.05"]
+    assert ci_walltime.main(args) == 0
+    (record,) = read_lines(out)
+    assert record["commit"] == ci_walltime.git(repo, "rev-parse", "HEAD")
+    assert (record["exit_status"], record["uncommitted_files"]) == (0, 1)
+    assert (record["install_s"], record["compile_s"]) == (3, 1)
+    assert record["outcome"] == {"passed": 2}
+    (slowest,) = record["slowest"]
+    assert slowest["test"] == "tests/test_suite.py::test_slow" and slowest["s"] >= 0.3
+    assert 0 <= record["setup_s"] <= record["wall_s"] and record["gemm_gflops_1thread"]["after"] > 0
+    assert list(scratch.iterdir()) == []  # the clone is removed
+
+    (repo / "tests" / "test_suite.py").write_text(suite.format(verdict="False"))
+    ci_walltime.git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "break")
+    assert ci_walltime.main(args) == 1
+    failed = read_lines(out)[1]
+    assert failed["exit_status"] == 1 and failed["outcome"] == {"failed": 1, "passed": 1}
