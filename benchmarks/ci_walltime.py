@@ -90,14 +90,21 @@ def main(argv: list[str] | None = None) -> int:
 
     repo = args.repo.resolve()
     commit, uncommitted = git(repo, "rev-parse", "HEAD"), len(git(repo, "status", "--porcelain").splitlines())
-    scratch = Path(tempfile.mkdtemp(prefix="ci-walltime-"))
+    scratch = Path(tempfile.mkdtemp(prefix="ci-walltime-"))  # the clone and its venv: about 6 GB
     clone, log = scratch / "clone", scratch / "ci.log"
-    git(repo, "clone", "--quiet", str(repo), str(clone))
-    env = {**os.environ, "PYTEST_ADDOPTS": f"{os.environ.get('PYTEST_ADDOPTS', '')} --durations={args.slowest}".strip()}
-    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    speed_before, load_before = gemm_gflops(args.gemm_seconds), os.getloadavg()[0]
-    status, lines, wall = run_timed([CI_COMMAND], clone, env, log)
-    speed_after, load_after = gemm_gflops(args.gemm_seconds), os.getloadavg()[0]
+    try:
+        git(repo, "clone", "--quiet", str(repo), str(clone))
+        env = {**os.environ,
+               "PYTEST_ADDOPTS": f"{os.environ.get('PYTEST_ADDOPTS', '')} --durations={args.slowest}".strip()}
+        started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        speed_before, load_before = gemm_gflops(args.gemm_seconds), os.getloadavg()[0]
+        status, lines, wall = run_timed([CI_COMMAND], clone, env, log)
+        speed_after, load_after = gemm_gflops(args.gemm_seconds), os.getloadavg()[0]
+    finally:
+        if args.keep:
+            print(f"kept the clone and its timed log in {scratch}", file=sys.stderr)
+        else:
+            shutil.rmtree(scratch, ignore_errors=True)
     record = {"benchmark": "ci_walltime", "date": started, "commit": commit, "uncommitted_files": uncommitted,
               "cpus": os.cpu_count(), "command": CI_COMMAND, "exit_status": status, "wall_s": wall, **phases(lines),
               "gemm_gflops_1thread": {"before": speed_before, "after": speed_after},
@@ -109,10 +116,6 @@ def main(argv: list[str] | None = None) -> int:
     if status != 0:
         print(f"{CI_COMMAND} failed ({status}); the end of its output:", *(text for _, text in lines[-40:]),
               sep="\n", file=sys.stderr)
-    if args.keep:
-        print(f"kept the clone and its timed log in {scratch}", file=sys.stderr)
-    else:
-        shutil.rmtree(scratch, ignore_errors=True)
     return status
 
 

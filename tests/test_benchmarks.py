@@ -298,17 +298,19 @@ def test_ci_walltime_reads_setup_outcome_and_slowest_tests_from_the_transcript()
                                              "outcome": {}, "slowest": []}
 
 
+GIT_IDENTITY = ("-c", "user.name=t", "-c", "user.email=t@t")  # repo-local: CI has no git identity
+
+
 def git_repository(path: Path, files: dict[str, str]) -> Path:
     """A one-commit repository of `files` (with an executable .ci/run)."""
-    import subprocess
+    git = importlib.import_module("ci_walltime").git
     path.mkdir()
     for name, text in files.items():
         (path / name).parent.mkdir(parents=True, exist_ok=True)
         (path / name).write_text(text)
     (path / ".ci" / "run").chmod(0o755)
-    identity = ["-c", "user.name=t", "-c", "user.email=t@t"]
-    for command in (["init", "-q"], ["add", "-A"], [*identity, "commit", "-qm", "ci"]):
-        subprocess.run(["git", *command], cwd=path, check=True, capture_output=True)
+    for command in (["init", "-q"], ["add", "-A"], [*GIT_IDENTITY, "commit", "-qm", "ci"]):
+        git(path, *command)
     return path
 
 
@@ -339,7 +341,7 @@ def test_ci_walltime_runs_the_ci_command_on_a_clone_of_head_and_records_its_phas
     assert list(scratch.iterdir()) == []  # the clone is removed
 
     (repo / "tests" / "test_suite.py").write_text(suite.format(verdict="False"))
-    ci_walltime.git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "break")
+    ci_walltime.git(repo, *GIT_IDENTITY, "commit", "-qam", "break")
     assert ci_walltime.main(args) == 1
     failed = read_lines(out)[1]
     assert failed["exit_status"] == 1 and failed["outcome"] == {"failed": 1, "passed": 1}
