@@ -14,16 +14,16 @@ for jobs in "$@"; do
   (cd "$work" && HNCLIP_SETUP_JOBS=$jobs ./setup.sh >"$work/setup.out" 2>&1) || { cat "$work/setup.out"; rm -rf "$work"; exit 1; }
   t1=$(date +%s.%N)
   speed_after=$(gflops)
-  python3 - "$t0" "$t1" "$jobs" "$(cd "$here" && git rev-parse HEAD)" "$(cd "$here" && git status --porcelain | wc -l)" \
+  PYTHONPATH="$here/benchmarks" python3 - "$t0" "$t1" "$jobs" "$(cd "$here" && git rev-parse HEAD)" "$(cd "$here" && git status --porcelain | wc -l)" \
       "$(nproc)" "$speed_before" "$speed_after" "$load_before" "$work/setup.out" >>"$here/benchmarks/results/setup_time.jsonl" <<'PY'
-import datetime, json, re, sys
+import datetime, json, sys
+from ci_walltime import phases  # setup.sh's report lines, read as in CI's transcript
 t0, t1 = map(float, sys.argv[1:3])
-out = open(sys.argv[10]).read()
-phase = lambda pattern: int(re.search(pattern, out).group(1))
+setup = phases([(0.0, line) for line in open(sys.argv[10]).read().splitlines()])
 print(json.dumps({"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                   "commit": sys.argv[4], "uncommitted_files": int(sys.argv[5]), "cpus": int(sys.argv[6]),
                   "pip_processes": int(sys.argv[3]), "wall_s": round(t1 - t0, 1),
-                  "install_s": phase(r"packages installed in (\d+) s"), "compile_s": phase(r"byte-compiled in (\d+) s"),
+                  "install_s": setup["install_s"], "compile_s": setup["compile_s"],
                   "gemm_gflops_1thread": {"before": float(sys.argv[7]), "after": float(sys.argv[8])},
                   "loadavg_before_1min": float(sys.argv[9])}))
 PY
