@@ -158,8 +158,8 @@ def build_data(reg, roles: list[str]) -> float:
 @contextlib.contextmanager
 def fixed_pretraining_scale(scale: float | None):
     """While pretraining: a scratch model's logit scale is set to ln(scale) and frozen (None: unchanged)."""
-    from hnclip.training import loop
-    original = loop.load_backbone
+    from hnclip.training import model_setup
+    original = model_setup.load_backbone
 
     def load(kind, *args, **kwargs):
         backbone = original(kind, *args, **kwargs)
@@ -169,11 +169,11 @@ def fixed_pretraining_scale(scale: float | None):
                 backbone.model.logit_scale.fill_(math.log(scale))
             backbone.model.logit_scale.requires_grad_(False)
         return backbone
-    loop.load_backbone = load
+    model_setup.load_backbone = load
     try:
         yield
     finally:
-        loop.load_backbone = original
+        model_setup.load_backbone = original
 
 
 def pretrain(reg, scale: float | None) -> dict:
@@ -245,11 +245,11 @@ def finetune_epoch1(reg) -> dict:
     from hnclip.report.regime import epoch_share
     from hnclip.training import loop
     run_id, job = _fresh_plain_finetune_job(reg)
-    original = loop._end_of_epoch
+    original = loop.end_of_epoch
 
-    def end_of_epoch(job_, trained, state, epoch, eval_sets, device):
+    def end_of_epoch(job_, trained, state, epoch, eval_sets, device, loss_names):
         raise _StopAfterEpoch(state)
-    loop._end_of_epoch = end_of_epoch
+    loop.end_of_epoch = end_of_epoch
     started = time.time()
     try:
         loop.train(job)
@@ -257,12 +257,12 @@ def finetune_epoch1(reg) -> dict:
     except _StopAfterEpoch as stop:
         state = stop.state
     finally:
-        loop._end_of_epoch = original
+        loop.end_of_epoch = original
         shutil.rmtree(job.checkpoint_dir, ignore_errors=True)
     wall = time.time() - started
-    steps = state["steps"]
-    zeroshot = state["initial_eval"]["docci"]
-    infonce = [r["infonce"] for r in state["epoch_records"]]
+    steps = state.steps
+    zeroshot = state.initial_eval["docci"]
+    infonce = [r["infonce"] for r in state.epoch_records]
     return {"run_id": run_id, "lr": job.spec["recipe"]["lr"], "wall_s": wall,
             "zeroshot_r1": {d: zeroshot[d]["R@1"] for d in ("t2i", "i2t")}, "zeroshot_n": zeroshot["n"],
             "epoch1_saturated_frac": epoch_share(steps, 1, "saturated_frac"),
@@ -312,7 +312,7 @@ def sibling_share(reg) -> float | None:
     from hnclip.data.manifest import read_manifest
     from hnclip.data.synthetic import family_of
     from hnclip.report.regime import sibling_batch_share
-    from hnclip.training.loop import epoch_micro_batches
+    from hnclip.training.batching import epoch_micro_batches
     rows = read_manifest(reg.train_manifest("docci"), check_images=False)
     batches = epoch_micro_batches(subset_indices(len(rows), 1.0), reg.profile["recipe"]["micro_batch"],
                                   reg.profile["seeds"][0], 0)

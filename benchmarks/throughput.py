@@ -39,8 +39,9 @@ from hnclip.losses.objective import loss_terms
 from hnclip.models.factory import create
 from hnclip.models.towers import PAD_ID
 from hnclip.provenance import git_state, library_versions
-from hnclip.training.compute_batch import compute_batch_backward, fit_compute_batch
+from hnclip.training.compute_batch import compute_batch_backward
 from hnclip.training.frameworks import TrainedModel
+from hnclip.training.memory import fit_compute_batch
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "throughput.jsonl"

@@ -8,6 +8,7 @@ import string
 import numpy as np
 import pytest
 import torch
+from helpers.auxiliary import BLUE, GRAY, RED, SCENES, canvas, colour_encoders, write_scenes
 from PIL import Image
 
 from hnclip.data.auxiliary.edges import (
@@ -18,7 +19,6 @@ from hnclip.data.auxiliary.edges import (
     top_matches,
 )
 from hnclip.data.auxiliary.lism import (
-    Encoders,
     LismImage,
     LismSettings,
     backbone_encoders,
@@ -37,20 +37,8 @@ from hnclip.data.auxiliary.segments import (
     sam_input,
     segments_of,
 )
-from hnclip.data.manifest import ManifestRow, write_manifest
 from hnclip.data.synthetic import generate_split, render_scene
 from hnclip.rehearsal.models import save_tiny_clip, save_tiny_sam
-
-GRAY, RED, GREEN, BLUE = (128, 128, 128), (220, 30, 30), (20, 90, 30), (30, 60, 220)
-PALETTE = {"red": RED, "green": GREEN, "blue": BLUE, "gray": GRAY}
-
-
-def _canvas(width: int, height: int, squares: list[tuple[tuple[int, int, int], int, int, int]]) -> Image.Image:
-    """Gray image with solid squares (colour, x, y, side)."""
-    pixels = np.full((height, width, 3), GRAY, np.uint8)
-    for color, x, y, side in squares:
-        pixels[y:y + side, x:x + side] = color
-    return Image.fromarray(pixels)
 
 
 def _box(x: int, y: int, w: int, h: int) -> dict[str, int]:
@@ -79,7 +67,7 @@ def test_area_filter_keeps_one_to_eighty_percent_and_crops_the_tight_box():
 # --- CPU segmenter ----------------------------------------------------------------------------
 
 def test_cpu_segmenter_finds_a_solid_and_a_striped_square():
-    pixels = np.asarray(_canvas(40, 40, [(RED, 4, 6, 10)])).copy()
+    pixels = np.asarray(canvas(40, 40, [(RED, 4, 6, 10)])).copy()
     pixels[22:34, 20:32] = BLUE
     pixels[24:34:4, 20:32] = (10, 20, 90)           # two-px dark stripes, period 4, like the textures
     pixels[25:34:4, 20:32] = (10, 20, 90)
@@ -141,7 +129,7 @@ def test_sam_runs_on_the_thumbnail_with_the_released_settings_and_resizes_masks_
 def test_sam_segmenter_returns_boolean_masks_at_the_image_size(tiny_sam):
     segmenter = SamSegmenter(tiny_sam, points_per_side=4, pred_iou_thresh=0.0, stability_score_thresh=0.0,
                              points_per_batch=8)
-    small = segmenter.masks(_canvas(48, 36, [(RED, 5, 5, 12)]))
+    small = segmenter.masks(canvas(48, 36, [(RED, 5, 5, 12)]))
     large = segmenter.masks(Image.new("RGB", (4001, 120), GRAY))  # thumbnailed for SAM, masks resized back
     assert small and large
     assert all(m.dtype == bool and m.shape == (36, 48) for m in small)
@@ -176,33 +164,12 @@ def test_match_sentences_takes_each_sentences_argmax_cosine():
     assert [m.similarity for m in matches] == pytest.approx([1.0, 0.8, 1.0])
 
 
-def _colour_encoders(text_rows: dict[str, list[float]] | None = None, context: int = 77) -> Encoders:
-    """Fake matcher: an image's feature is the one-hot of its commonest palette colour; a sentence's
-    is `text_rows[word]` for the first palette word it contains (one-hot of that colour by default)."""
-    names = list(PALETTE)
-    rows = text_rows or {name: list(np.eye(4)[k]) for k, name in enumerate(names)}
-    palette = np.array(list(PALETTE.values()), float)
-
-    def encode_images(images):
-        out = []
-        for image in images:
-            pixels = np.asarray(image, float).reshape(-1, 3)
-            nearest = np.argmin(((pixels[:, None, :] - palette[None]) ** 2).sum(-1), axis=1)
-            out.append(np.eye(4)[np.bincount(nearest, minlength=4).argmax()])
-        return np.array(out)
-
-    def encode_texts(texts):
-        return np.array([next(rows[w] for w in text.lower().split() if w in rows) for text in texts])
-
-    return Encoders(encode_images, encode_texts, lambda text: len(text.split()) + 2, context, "colours")
-
-
 def _row(image_id, caption, image, segments, encoders, settings, out_dir) -> dict:
     return lism_rows([LismImage(image_id, caption, image, segments, len(segments))], encoders, settings, out_dir)[0]
 
 
 def _two_square_segments():
-    image = _canvas(40, 40, [(RED, 2, 2, 10), (BLUE, 20, 24, 12)])
+    image = canvas(40, 40, [(RED, 2, 2, 10), (BLUE, 20, 24, 12)])
     masks = [np.zeros((40, 40), bool), np.zeros((40, 40), bool)]
     masks[0][2:12, 2:12] = True
     masks[1][24:36, 20:32] = True
@@ -214,7 +181,7 @@ def test_lism_keeps_the_max_similarity_segment_and_drops_full_image_matches(tmp_
     # cosines: "red" -> red crop 0.8 (full image 0.6); "blue" -> blue crop 0.9; "gray" -> full image 1.0
     rows = {"red": [0.8, 0, 0, 0.6], "blue": [0, 0, 0.9, np.sqrt(1 - 0.81)], "gray": [0, 0, 0, 1.0]}
     caption = "A red square. The gray background. A blue square."
-    row = _row("img", caption, image, segments, _colour_encoders(rows), LismSettings(), tmp_path)
+    row = _row("img", caption, image, segments, colour_encoders(rows), LismSettings(), tmp_path)
     assert [(m["sentence"], m["mask_index"]) for m in row["matches"]] == [("A blue square", 1), ("A red square", 0)]
     assert [m["similarity"] for m in row["matches"]] == pytest.approx([0.9, 0.8])
     assert row["segment"] == row["matches"][0]                       # one pair per image: the best
@@ -223,7 +190,7 @@ def test_lism_keeps_the_max_similarity_segment_and_drops_full_image_matches(tmp_
     assert crop.shape == (12, 12, 3) and np.all(crop == BLUE)
     assert row["no_segment"] is None
 
-    kept = _row("img", caption, image, segments, _colour_encoders(rows),
+    kept = _row("img", caption, image, segments, colour_encoders(rows),
                     LismSettings(drop_full_image=False), tmp_path)
     assert [m["sentence_index"] for m in kept["matches"]] == [1, 2, 0]   # full image (1.0) now ranks first
     assert kept["segment"]["bbox"] == _box(0, 0, 40, 40) and kept["segment"]["mask_index"] is None
@@ -231,7 +198,7 @@ def test_lism_keeps_the_max_similarity_segment_and_drops_full_image_matches(tmp_
 
 def test_lism_rows_without_a_segment_say_why_and_fall_back_to_the_full_image(tmp_path):
     image, segments = _two_square_segments()
-    encoders = _colour_encoders(context=6)              # fake count: words + 2 markers
+    encoders = colour_encoders(context=6)              # fake count: words + 2 markers
     only_full = _row("a", "Gray all over. Still gray", image, segments, encoders, LismSettings(), tmp_path)
     assert only_full["no_segment"] == "all_matched_full_image" and only_full["matches"] == []
     long_caption = "A red square. A large blue square here."      # 5 words + 2 = 7 > 6 tokens
@@ -262,7 +229,7 @@ def tiny_clip(tmp_path_factory):
 def test_hf_clip_encoders_match_the_models_own_embeddings(tiny_clip):
     from transformers import CLIPModel, CLIPProcessor
     encoders = hf_clip_encoders(tiny_clip, batch_size=2)
-    images = [_canvas(40, 30, [(RED, 3, 3, 9)]), _canvas(30, 40, []), _canvas(32, 32, [(BLUE, 10, 10, 8)])]
+    images = [canvas(40, 30, [(RED, 3, 3, 9)]), canvas(30, 40, []), canvas(32, 32, [(BLUE, 10, 10, 8)])]
     texts = ["a red square", "gray", "b"]
     image_features, text_features = encoders.encode_images(images), encoders.encode_texts(texts)
     model, processor = CLIPModel.from_pretrained(tiny_clip).eval(), CLIPProcessor.from_pretrained(tiny_clip)
@@ -281,7 +248,7 @@ def test_backbone_encoders_wrap_the_open_clip_backbone():
     from hnclip.models.towers import encode_text
     backbone = create("hnclip-tiny")
     encoders = backbone_encoders(backbone, batch_size=2)
-    features = encoders.encode_images([_canvas(64, 64, []), _canvas(50, 70, [(RED, 3, 3, 9)]), _canvas(64, 64, [])])
+    features = encoders.encode_images([canvas(64, 64, []), canvas(50, 70, [(RED, 3, 3, 9)]), canvas(64, 64, [])])
     texts = encoders.encode_texts(["a red circle", "blue"])
     assert features.shape == (3, 64) and np.allclose(np.linalg.norm(features, axis=1), 1.0, atol=1e-5)
     assert np.allclose(features[0], features[2], atol=1e-6)
@@ -323,27 +290,12 @@ def test_top_matches_counts_a_repeated_crop_once_when_distinct():
 
 # --- end to end ------------------------------------------------------------------------------
 
-SCENES = [  # id, squares (colour, x, y, side), caption
-    ("two", [(RED, 2, 2, 10), (BLUE, 20, 24, 12)], "A red square. A blue square."),
-    ("three", [(RED, 26, 2, 10), (GREEN, 2, 20, 10), (BLUE, 22, 24, 10)], "Green here. Then red. Also blue."),
-    ("same", [(GREEN, 4, 4, 14)], "A green square. Green again. Gray around it."),
-    ("empty", [], "Nothing but gray."),
-    ("long", [(RED, 2, 2, 12)], "A red square. " + "word " * 80 + "red."),
-    ("one", [(BLUE, 10, 10, 15)], "Blue."),
-]
-
-
 @pytest.fixture
 def built(tmp_path):
     data = tmp_path / "data"
-    (data / "images").mkdir(parents=True)
-    rows = []
-    for image_id, squares, caption in SCENES:
-        _canvas(40, 40, squares).save(data / "images" / f"{image_id}.png")
-        rows.append(ManifestRow(image_id, f"images/{image_id}.png", caption, None, "train", "0" * 64))
-    write_manifest(data / "train.jsonl", rows)
+    write_scenes(data)
     out = tmp_path / "aux"
-    lism = build_lism(data / "train.jsonl", out, CpuSegmenter(), _colour_encoders(), LismSettings(), batch_images=4)
+    lism = build_lism(data / "train.jsonl", out, CpuSegmenter(), colour_encoders(), LismSettings(), batch_images=4)
     edges = build_edges(data / "train.jsonl", out / "segments.jsonl", out, EdgeSettings())
     return data, out, lism, edges
 

@@ -14,7 +14,8 @@ from hnclip.data.auxiliary.lism import LismSettings, backbone_encoders, build_li
 from hnclip.data.auxiliary.segments import CpuSegmenter
 from hnclip.io import read_jsonl, write_jsonl
 from hnclip.models.factory import create
-from hnclip.training.loop import TrainJob, build_optimizer, train
+from hnclip.training.loop import TrainJob, train
+from hnclip.training.schedule import build_optimizer
 
 
 @pytest.fixture(scope="module")
@@ -158,10 +159,10 @@ def test_compute_batch_is_recorded_and_matches_micro_batches(tiny_data, tmp_path
 
 
 def test_initial_evaluation_is_computed_once_per_initial_weights(tiny_data, tmp_path, monkeypatch):
-    import hnclip.training.loop as loop
+    import hnclip.training.epoch_eval as epoch_eval
     calls = []
-    real = loop._evaluate_all
-    monkeypatch.setattr(loop, "_evaluate_all", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = epoch_eval.evaluate_all
+    monkeypatch.setattr(epoch_eval, "evaluate_all", lambda *a, **k: calls.append(1) or real(*a, **k))
     spec = copy.deepcopy(SPEC)
     spec["recipe"]["epochs"] = 1
 
@@ -226,3 +227,31 @@ def test_params_state_the_released_settings(project_root, frameworks):
             assert (recipe["precision"], recipe["decay_all"], recipe["weight_decay"]) == ("fp32", True, 0.01), name
     assert params["methods"]["finelip_corrected"]["settings"] == {"lr_schedule": "cosine"}
     assert params["methods"]["goal_corrected"]["settings"]["box_scale"] == "center_crop"
+
+
+@pytest.mark.parametrize("framework", ["goal", "structxlip", "finelip"])
+def test_out_of_memory_falls_back_to_activation_checkpointing_with_the_same_gradient(
+        tiny_data, tmp_path, frameworks, auxiliary, framework, monkeypatch):
+    """Fault injection: step 1 runs out of memory unless the towers checkpoint their activations; the
+    step is retried with checkpointing on, its gradient is the one the plain step gives, the record says so."""
+    import hnclip.training.loop as loop
+    from hnclip.training.faults import FAULTS_ENV
+
+    def run(name: str) -> tuple[dict, list]:
+        captured, real = [], loop.gradient_norm
+        monkeypatch.setattr(loop, "gradient_norm", lambda model: captured.append(
+            [p.grad.detach().clone() for p in model.parameters() if p.grad is not None]) or real(model))
+        record = train(baseline_job(tiny_data, tmp_path / name, framework, frameworks[framework], auxiliary,
+                                    gamma=0.5))
+        return record, captured
+
+    reference, reference_grads = run("reference")
+    monkeypatch.setenv(FAULTS_ENV, json.dumps({"oom": {"step": 1, "needs_checkpointing": True}}))
+    record, grads = run("fallback")
+    assert reference["training"]["memory_fallbacks"] == [] and not reference["training"]["activation_checkpointing"]
+    assert record["training"]["memory_fallbacks"] == [{"step": 1, "activation_checkpointing": [False, True]}]
+    assert record["training"]["activation_checkpointing"] is True and record["optimizer_steps"] == 3
+    for reference_step, fallback_step in zip(reference_grads[:2], grads[:2], strict=True):
+        assert len(reference_step) == len(fallback_step)
+        for a, b in zip(reference_step, fallback_step, strict=True):
+            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)

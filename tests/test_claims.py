@@ -1,4 +1,4 @@
-"""The claims scorecard and the effects (hnclip.report.claims, hnclip.report.effects): every claim of
+"""The claims scorecard and the effects (hnclip.report.claims*, hnclip.report.effects): every claim of
 claims.yaml on the paper's own numbers, on fake results built from them (per-query ranks, evaluation
 and table records in the pipeline's formats) and on fake results made to give each verdict; verdicts
 gated on the regime report's preconditions; the contrasts the effects draw against the paper's
@@ -19,9 +19,22 @@ from hnclip.cli import main
 from hnclip.config import paths
 from hnclip.config.cells import canonical_row
 from hnclip.config.registry import NOT_IMPLEMENTED, Registry
-from hnclip.report import claims as C
 from hnclip.report import effects as E
 from hnclip.report import regime
+from hnclip.report.claims import claims_inputs, evidence_files
+from hnclip.report.claims_definitions import claim_definitions
+from hnclip.report.claims_preconditions import REGIME_CONDITIONS, Condition, paper_conditions, profile_conditions
+from hnclip.report.claims_render import to_markdown
+from hnclip.report.claims_sources import PaperSource, ReproducedSource
+from hnclip.report.claims_statistics import REDUCERS, TRAJECTORY_MEASURES, statistic_draws, statistic_items
+from hnclip.report.claims_verdicts import (
+    SCORECARD_COLUMNS,
+    VERDICTS,
+    decide,
+    decision_text,
+    judge_claim,
+    paper_judgement,
+)
 from hnclip.report.paper_reference import known_inconsistencies, paper_table, stated_deltas, table_meta, table_names
 from hnclip.report.uncertainty import Bootstrap, BootstrapSettings
 
@@ -44,7 +57,7 @@ def params() -> dict:
 
 
 def claim(claim_id: str) -> dict:
-    return next(c for c in C.claims() if c["claim_id"] == claim_id)
+    return next(c for c in claim_definitions() if c["claim_id"] == claim_id)
 
 
 # ---- a fake project built from the paper's numbers ------------------------------------------------
@@ -220,7 +233,7 @@ def boot() -> Bootstrap:
 
 def score(reg: Registry, claim_id: str, conditions=REAL) -> dict:
     bootstrap = boot()
-    return C.evaluate(claim(claim_id), C.ReproducedSource(reg, bootstrap), conditions, bootstrap)
+    return judge_claim(claim(claim_id), ReproducedSource(reg, bootstrap), conditions, bootstrap)
 
 
 # ---- decisions -------------------------------------------------------------------------------------
@@ -240,7 +253,7 @@ def score(reg: Registry, claim_id: str, conditions=REAL) -> dict:
     ({"op": ">", "threshold": 0}, -0.4, math.nan, math.nan, "contradicted"),
 ])
 def test_decide(decision, value, low, high, verdict):
-    assert C.decide(decision, value, low, high) == verdict
+    assert decide(decision, value, low, high) == verdict
 
 
 # ---- the claims on the paper's own numbers -------------------------------------------------------
@@ -249,11 +262,11 @@ def test_every_claim_on_the_papers_own_numbers():
     it (probe logs, per-epoch values), the number its text states decides. The verdict is `supported`
     unless the claim is marked `paper_self_consistent: false` (then `contradicted`); a claim with no
     number anywhere in the paper (Table X1, a statement without a figure) is not testable on it."""
-    source, bootstrap = C.PaperSource(), boot()
+    source, bootstrap = PaperSource(), boot()
     seen_contradicted = set()
-    for entry in C.claims():
-        row = C.evaluate(entry, source, C.paper_conditions(), bootstrap)
-        judged = C.paper_judgement(entry)
+    for entry in claim_definitions():
+        row = judge_claim(entry, source, paper_conditions(), bootstrap)
+        judged = paper_judgement(entry)
         if entry["paper_number"] is None:
             assert judged["paper_verdict"] == "not_testable" and "states no number" in judged["paper_reason"], entry
             continue
@@ -274,7 +287,7 @@ def test_the_companions_and_the_papers_own_numbers():
     """With plain fine-tuning (Table A4) among Table 1's competitors the paper's numbers give 7 of 8 R@1
     directions within the tie tolerance (6 outright), a mean margin of +1.13 and 23 of 24 columns;
     Table A8's second seed swaps GOAL and StructXLIP at I→T by 0.36."""
-    by_id = {c["claim_id"]: C.paper_judgement(c) for c in C.claims()}
+    by_id = {c["claim_id"]: paper_judgement(c) for c in claim_definitions()}
     assert by_id["best_r1_all_directions"]["paper_statistic"] == 8
     assert by_id["best_r1_all_directions_vs_plain_ft"]["paper_statistic"] == 7
     assert by_id["margin_over_strongest_vs_plain_ft"]["paper_statistic"] == pytest.approx(1.1325, abs=1e-3)
@@ -282,23 +295,23 @@ def test_the_companions_and_the_papers_own_numbers():
     assert by_id["seed_preserves_full_ranking"]["paper_statistic"] == pytest.approx(-0.36, abs=1e-6)
     strict = copy.deepcopy(claim("best_r1_all_directions_vs_plain_ft"))
     strict["statistic"]["tolerance"] = 0  # no tie tolerance: Urban-1K's two directions both lost
-    assert C.paper_judgement(strict)["paper_statistic"] == 6
+    assert paper_judgement(strict)["paper_statistic"] == 6
 
 
 def test_preconditions_on_the_papers_own_numbers():
-    on_paper = C.paper_conditions()
+    on_paper = paper_conditions()
     assert all(on_paper[name].met for name in ("real_data", "strength", "saturation", "headroom"))
     assert "+7.67 / +17.35" in on_paper["headroom"].detail and "78.78 / 66.75" in on_paper["strength"].detail
-    assert C.paper_conditions({"headroom": {"min": 10.0}})["headroom"].met is False  # +7.67 < 10
+    assert paper_conditions({"headroom": {"min": 10.0}})["headroom"].met is False  # +7.67 < 10
 
 
 def test_quotes_are_verbatim_from_the_paper():
     paper = ROOT.parent / "shared" / "paper" / "hn-clip-paper.txt"
     if not paper.is_file():
         pytest.skip("the paper's text extraction is not in this checkout")
-    text = paper.read_text()
-    assert [c["claim_id"] for c in C.claims() if c["quote"] not in text] == []
-    assert len(C.claims()) >= 15 and len({c["claim_id"] for c in C.claims()}) == len(C.claims())
+    text, claims = paper.read_text(), claim_definitions()
+    assert [c["claim_id"] for c in claims if c["quote"] not in text] == []
+    assert len(claims) >= 15 and len({c["claim_id"] for c in claims}) == len(claims)
 
 
 # ---- the claims on fake results ------------------------------------------------------------------
@@ -306,8 +319,8 @@ def test_every_claim_on_results_that_reproduce_the_paper(in_world):
     """Built from the paper's numbers, the project's records support every claim but those the paper's
     own numbers contradict; every interval holds its estimate."""
     bootstrap = boot()
-    source = C.ReproducedSource(in_world, bootstrap)
-    rows = {c["claim_id"]: C.evaluate(c, source, REAL, bootstrap) for c in C.claims()}
+    source = ReproducedSource(in_world, bootstrap)
+    rows = {c["claim_id"]: judge_claim(c, source, REAL, bootstrap) for c in claim_definitions()}
     verdicts = {cid: r["verdict"] for cid, r in rows.items()}
     assert {cid for cid, v in verdicts.items() if v != "supported"} == SELF_CONTRADICTED, verdicts
     assert all(verdicts[cid] in ("contradicted", "inconclusive") for cid in SELF_CONTRADICTED)
@@ -333,11 +346,11 @@ def test_every_claim_on_results_that_reproduce_the_paper(in_world):
 
 
 def test_claims_read_only_the_inputs_the_rule_declares(in_world):
-    declared = {str(p) for p in C.claims_inputs(in_world)}
+    declared = {str(p) for p in claims_inputs(in_world)}
     bootstrap = boot()
-    source = C.ReproducedSource(in_world, bootstrap)
-    for entry in C.claims():
-        for file in C._files(C.evaluate(entry, source, REAL, bootstrap)["evidence"] or "-"):
+    source = ReproducedSource(in_world, bootstrap)
+    for entry in claim_definitions():
+        for file in evidence_files(judge_claim(entry, source, REAL, bootstrap)["evidence"] or "-"):
             if file == "-":
                 continue
             probe_of = str(paths.run_record(file.split("/")[2])) if file.endswith("grad_probe.jsonl") else None
@@ -411,9 +424,9 @@ def test_a_claim_on_rows_not_trained_yet_is_not_implemented(tmp_path, monkeypatc
 
 
 def test_the_miniature_cannot_test_magnitudes_of_the_real_benchmarks(in_world):
-    conditions = C.profile_conditions(in_world)
+    conditions = profile_conditions(in_world)
     assert conditions["real_data"].met is False and conditions["real_data"].detail == "datasets: synthetic"
-    assert all(conditions[name].met is None for name in C.REGIME_CONDITIONS)  # no regime report here
+    assert all(conditions[name].met is None for name in REGIME_CONDITIONS)  # no regime report here
     row = score(in_world, "margin_over_strongest", conditions)
     assert row["verdict"] == "not_testable" and "magnitude" in row["reason"]
     # on the miniature the qualitative decision applies: > 1 instead of >= 100
@@ -438,7 +451,7 @@ def test_a_failed_regime_precondition_makes_comparisons_not_testable(tmp_path, m
     reg = Registry(params(), validate=False)
     monkeypatch.chdir(tmp_path)
     write_json(paths.regime_report("json"), regime_report("tiny"))
-    conditions = C.profile_conditions(reg)
+    conditions = profile_conditions(reg)
     assert (conditions["strength"].met, conditions["saturation"].met, conditions["headroom"].met) == (True, True, False)
     row = score(reg, "best_r1_all_directions", conditions)
     assert row["verdict"] == "not_testable" and math.isnan(row["reproduced_value"])
@@ -447,15 +460,15 @@ def test_a_failed_regime_precondition_makes_comparisons_not_testable(tmp_path, m
     assert row["requires"] == "strength, saturation, headroom"
     # measured as met: the claim is judged (here: no table built in this empty project)
     write_json(paths.regime_report("json"), regime_report("tiny", headroom=(7.7, 17.4)))
-    assert score(reg, "best_r1_all_directions", C.profile_conditions(reg))["verdict"] == "not_testable"
-    assert "regime precondition" not in score(reg, "best_r1_all_directions", C.profile_conditions(reg))["reason"]
+    assert score(reg, "best_r1_all_directions", profile_conditions(reg))["verdict"] == "not_testable"
+    assert "regime precondition" not in score(reg, "best_r1_all_directions", profile_conditions(reg))["reason"]
     # a report of another profile is no evidence: not measured, the claim is judged with a note
     write_json(paths.regime_report("json"), regime_report("paper"))
-    assert C.profile_conditions(reg)["headroom"] == C.Condition(None, "no regime report (results/stats/regime.json)")
+    assert profile_conditions(reg)["headroom"] == Condition(None, "no regime report (results/stats/regime.json)")
 
 
 def test_an_unmeasured_precondition_is_noted_not_gated(in_world):
-    row = score(in_world, "best_r1_all_directions", {"real_data": True, "headroom": C.Condition(None)})
+    row = score(in_world, "best_r1_all_directions", {"real_data": True, "headroom": Condition(None)})
     assert row["verdict"] == "supported" and "precondition `headroom` not measured on this profile" in row["reason"]
 
 
@@ -463,14 +476,14 @@ def test_the_scorecard_header_states_the_preconditions(tmp_path, monkeypatch):
     reg = Registry(params(), validate=False)
     monkeypatch.chdir(tmp_path)
     write_json(paths.regime_report("json"), regime_report("tiny"))
-    conditions = C.profile_conditions(reg)
+    conditions = profile_conditions(reg)
     rows = []
     for entry in (claim("best_r1_all_directions"), claim("best_r1_all_directions_vs_plain_ft")):
-        paper = C.paper_judgement(entry)
-        rows.append({**C.evaluate(entry, C.ReproducedSource(reg, boot()), conditions, boot()),
+        paper = paper_judgement(entry)
+        rows.append({**judge_claim(entry, ReproducedSource(reg, boot()), conditions, boot()),
                      "paper_verdict": paper["paper_verdict"], "paper_number": paper["paper_statistic"],
                      "paper_self_consistent": paper["paper_verdict"] == "supported"})
-    md = C.to_markdown(reg, pd.DataFrame(rows).reindex(columns=C.COLUMNS), boot(), conditions)
+    md = to_markdown(reg, pd.DataFrame(rows).reindex(columns=SCORECARD_COLUMNS), boot(), conditions)
     assert "* `strength` (a strong zero-shot backbone): holds — DOCCI T→I R@1 53.7 (target >= 40)" in md
     assert "* `headroom` (plain fine-tuning improving on the zero-shot backbone): **does not hold**" in md
     assert "2 not testable" in md and "1 supported, 1 contradicted" in md
@@ -514,8 +527,8 @@ def r1(table: str, row: str, values: dict) -> dict:
 def test_trajectory_measures_over_the_epochs():
     source = HandSource(r1("t", "a", {1: 80.0, 2: 79.0, 3: 82.0, 4: 81.5}))
     spec = {"table": "t", "rows": ["a"], "columns": ONE_COLUMN}
-    values = {m: C.statistic_draws({"trajectory": {**spec, "measure": m}, "reduce": "value"}, source)[0]
-              for m in C.TRAJECTORY_MEASURES}
+    values = {m: statistic_draws({"trajectory": {**spec, "measure": m}, "reduce": "value"}, source)[0]
+              for m in TRAJECTORY_MEASURES}
     assert values == {"max_drawdown": 1.0, "peak_first": -2.0, "first_minus_last": -1.5, "last_minus_first": 1.5}
 
 
@@ -524,7 +537,7 @@ def test_order_preserved_is_negative_where_the_replicate_swaps_a_pair():
              **r1("t", "a43", {"best": 79}), **r1("t", "b43", {"best": 73}), **r1("t", "c43", {"best": 74.5})}
     spec = {"order_preserved": {"table": "t", "reference": ["a42", "c42", "b42"], "replicate": ["a43", "c43", "b43"],
                                 "columns": ONE_COLUMN}}
-    items = [float(x[0]) for x in C.items(spec, HandSource(cells))]
+    items = [float(x[0]) for x in statistic_items(spec, HandSource(cells))]
     assert items == [4.5, 5.0, -1.5]  # a-c, a-b, c-b (c behind b under seed 42): b and c swap by 1.5
 
 
@@ -534,19 +547,19 @@ def test_contrast_against_the_second_best_and_a_row_of_another_table_per_epoch()
     columns = ONE_COLUMN
     source = HandSource(cells)
     second = {"contrast": {"table": "t", "pairs": [["a", ["x", "y", "z@u"]]], "b_rank": 2, "columns": columns}}
-    assert C.statistic_draws(second, source)[0] == 80 - 79  # x 85 > z 79 > y 78
+    assert statistic_draws(second, source)[0] == 80 - 79  # x 85 > z 79 > y 78
     each = {"contrast": {"table": "t", "pairs": [["a", ["x", "y", "z@u"]]], "epochs": "each", "columns": columns}}
-    assert [float(x[0]) for x in C.items(each, source)] == [70 - 72, 81 - 90]
+    assert [float(x[0]) for x in statistic_items(each, source)] == [70 - 72, 81 - 90]
     with pytest.raises(ValueError, match="b_rank 4 of 3 rows"):
-        C.items({"contrast": {**second["contrast"], "b_rank": 4}}, source)
+        statistic_items({"contrast": {**second["contrast"], "b_rank": 4}}, source)
 
 
 def test_counts_take_the_tie_tolerance():
     stack = np.array([[1.0, 1.0], [-0.5, 0.2], [-2.0, -0.9]])
-    assert C.REDUCERS["count_positive"](stack, 0.0).tolist() == [1, 2]
-    assert C.REDUCERS["count_positive"](stack, 1.0).tolist() == [2, 3]
-    assert C.REDUCERS["count_nonnegative"](np.array([[0.0], [-1.0]]), 1.0).tolist() == [2]
-    assert C.decision_text({"op": ">=", "threshold": 8}, 2.75) == ">= 8 (tie tolerance 2.75)"
+    assert REDUCERS["count_positive"](stack, 0.0).tolist() == [1, 2]
+    assert REDUCERS["count_positive"](stack, 1.0).tolist() == [2, 3]
+    assert REDUCERS["count_nonnegative"](np.array([[0.0], [-1.0]]), 1.0).tolist() == [2]
+    assert decision_text({"op": ">=", "threshold": 8}, 2.75) == ">= 8 (tie tolerance 2.75)"
 
 
 def test_probe_statistics_per_run_and_late_in_training():
@@ -556,15 +569,16 @@ def test_probe_statistics_per_run_and_late_in_training():
                 "grad_cosine": 0.5 if run == "r1" else -0.1}
     records = [record(run, e, i) for run in ("r1", "r2") for e in range(1, 11) for i in range(10)]
     source = HandSource({}, {"f": records})
-    late = C.statistic_draws({"probe": {"figure": "f", "measure": "share_at_least", "field": "hn_loss",
+    late = statistic_draws({"probe": {"figure": "f", "measure": "share_at_least", "field": "hn_loss",
                                         "threshold": 1e-3, "from_epoch_fraction": 0.5}}, source)
     assert late[0] == pytest.approx(0.3)  # epochs 6-10: 3 of 10 probes each
-    per_run = C.items({"probe": {"figure": "f", "measure": "mean", "field": "grad_cosine", "per_run": True}}, source)
+    per_run = statistic_items({"probe": {"figure": "f", "measure": "mean", "field": "grad_cosine", "per_run": True}},
+                              source)
     assert [float(x[0]) for x in per_run] == pytest.approx([0.5, -0.1])  # one item per run
-    first = C.statistic_draws({"probe": {"figure": "f", "measure": "first_step_below", "field": "clip_loss",
+    first = statistic_draws({"probe": {"figure": "f", "measure": "first_step_below", "field": "clip_loss",
                                          "threshold": 1e-5}}, source)
     assert first.tolist() == [25.0]  # epoch 1's fifth probe
-    minimum = C.statistic_draws({"probe": {"figure": "f", "measure": "min_epoch_share_at_least", "field": "hn_loss",
+    minimum = statistic_draws({"probe": {"figure": "f", "measure": "min_epoch_share_at_least", "field": "hn_loss",
                                            "threshold": 1e-3}}, source)
     assert minimum[0] == pytest.approx(0.3) and len(minimum) == 51  # every epoch resampled within itself
 
@@ -597,10 +611,10 @@ def test_hnclip_claims_writes_the_scorecard(in_world, paper_world):
     frame = pd.read_csv(root / "results" / "claims.csv")
     assert list(frame.columns[:8]) == ["claim_id", "quote", "paper_value", "reproduced_value", "ci_low", "ci_high",
                                        "verdict", "evidence"]
-    assert len(frame) == len(C.claims()) and set(frame["verdict"]) <= set(C.VERDICTS)
+    assert len(frame) == len(claim_definitions()) and set(frame["verdict"]) <= set(VERDICTS)
     # on the tiny profile: magnitudes of the real benchmarks are not testable, the rest judged
     assert set(frame.loc[frame["verdict"] == "not_testable", "claim_id"]) == \
-        {c["claim_id"] for c in C.claims() if "real_data" in c.get("requires", {})}
+        {c["claim_id"] for c in claim_definitions() if "real_data" in c.get("requires", {})}
     md = (root / "results" / "claims.md").read_text()
     counts = frame["verdict"].value_counts()
     assert f"{counts['supported']} supported" in md and "# Claims scorecard" in md
@@ -614,7 +628,7 @@ def test_hnclip_claims_writes_the_scorecard(in_world, paper_world):
     assert all(f"`{cid}`" in md.split("## Evidence")[0] for cid in SELF_CONTRADICTED)
     assert "* `headroom` (plain fine-tuning improving on the zero-shot backbone): not measured" in md
     assert "| **gradients_positively_aligned** (sanity check; Sec. 2.4 (Fig. 4)):" in md
-    assert set(frame.loc[frame["sanity_check"], "claim_id"]) == {c["claim_id"] for c in C.claims()
+    assert set(frame.loc[frame["sanity_check"], "claim_id"]) == {c["claim_id"] for c in claim_definitions()
                                                                  if c.get("sanity_check")}
     record = json.loads((root / "results" / "claims.provenance.json").read_text())
     assert record["verdicts"] == dict(zip(frame["claim_id"], frame["verdict"]))

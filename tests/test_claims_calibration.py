@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from hnclip.report import calibration as K
-from hnclip.report import claims as C
+from hnclip.report.claims_definitions import claim_definitions
 
 SIMS = 200
 REQUIRED = 0.90
@@ -19,12 +19,12 @@ NOT_SIMULATED = {"adaptive_margin_drives_gain"}  # Table X1: a control the paper
 
 @pytest.fixture(scope="module")
 def rates():
-    return K.support_rates(C.claims(), n_sims=SIMS, resamples=100, seed=0).set_index("claim_id")
+    return K.support_rates(claim_definitions(), n_sims=SIMS, resamples=100, seed=0).set_index("claim_id")
 
 
 def test_exact_reproductions_pass_every_claim_the_paper_supports(rates):
     assert set(rates.index[rates["not_testable"] == 1.0]) == NOT_SIMULATED
-    expected = [c["claim_id"] for c in C.claims()
+    expected = [c["claim_id"] for c in claim_definitions()
                 if c.get("paper_self_consistent") is not False and c["claim_id"] not in NOT_SIMULATED]
     assert len(expected) >= 60
     supported = rates.loc[expected, "supported"]
@@ -34,7 +34,7 @@ def test_exact_reproductions_pass_every_claim_the_paper_supports(rates):
 
 
 def test_exact_reproductions_do_not_support_what_the_papers_numbers_contradict(rates):
-    contradicted = [c["claim_id"] for c in C.claims() if c.get("paper_self_consistent") is False]
+    contradicted = [c["claim_id"] for c in claim_definitions() if c.get("paper_self_consistent") is False]
     assert (rates.loc[contradicted, "paper_verdict"] == "contradicted").all()
     assert (rates.loc[contradicted, "supported"] <= 0.05).all(), rates.loc[contradicted, "supported"].to_dict()
 

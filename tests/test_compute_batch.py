@@ -19,13 +19,10 @@ from helpers.batches import tiny_model
 from hnclip.losses.objective import loss_terms, token_term
 from hnclip.losses.token import token_alignment_loss
 from hnclip.models.towers import Encoded, encode_batch
-from hnclip.training.compute_batch import (
-    compute_batch_backward,
-    fit_compute_batch,
-    micro_batches_per_forward,
-)
+from hnclip.training.compute_batch import compute_batch_backward
 from hnclip.training.distributed import Distributed
 from hnclip.training.frameworks import TrainedModel
+from hnclip.training.memory import fit_compute_batch, micro_batches_per_forward
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: tiny shapes, one thread
 

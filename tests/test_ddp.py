@@ -19,7 +19,8 @@ from hnclip.losses.objective import loss_terms
 from hnclip.models.factory import create, load_weights
 from hnclip.training.distributed import Distributed
 from hnclip.training.exact_batch import exact_batch_backward
-from hnclip.training.loop import TrainJob, frozen_text_encoder, train
+from hnclip.training.loop import TrainJob, train
+from hnclip.training.model_setup import frozen_text_encoder
 from hnclip.training.probe import GradientProbe
 
 WORLD = 2

@@ -6,6 +6,7 @@ exist. The checkers are plain functions, also fed broken text below to show they
 from __future__ import annotations
 
 import argparse
+import copy
 import functools
 import importlib.util
 import re
@@ -20,6 +21,7 @@ import pytest
 import yaml
 
 from hnclip.cli import build_parser
+from hnclip.config.registry import Registry
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -388,6 +390,49 @@ def test_the_readme_figure_is_drawn_from_its_csv(tmp_path):
     for method, *values in rows:
         pairs = " | ".join(f"{a} / {b}" for a, b in zip(values[::2], values[1::2]))
         assert f"| {method} | {pairs} |" in results, method
+
+
+# ---- run counts ------------------------------------------------------------------------------------------
+@functools.cache
+def planned_runs(profile: str, optional_tables: tuple[str, ...] | None = None) -> int:
+    """How many training runs the registry plans for a profile (with these optional tables instead of the
+    profile's own, where given)."""
+    params = copy.deepcopy(_params())
+    if optional_tables is not None:
+        params["profiles"][profile]["optional_tables"] = list(optional_tables)
+    return len(Registry(params, profile, validate=False).runs())
+
+
+# Every count of planned training runs that a page states, as (page, a pattern around the count, the
+# registry's count): a page that says another number fails here, and one that rewords the sentence must
+# keep a pattern here that reads it.
+RUN_COUNTS = [
+    ("README.md", r"fine-tunes\s+the\s+(\d+)\s+runs", lambda: planned_runs("tiny")),
+    ("README.md", r"\| `tiny` \(default\) \|[^|\n]*\| (\d+) \|", lambda: planned_runs("tiny")),
+    ("README.md", r"\| `tiny_seeds` \|[^|\n]*\| (\d+) more \|",
+     lambda: planned_runs("tiny_seeds") - planned_runs("tiny")),
+    ("README.md", r"\| `paper` \|[^|\n]*\| (\d+) \|", lambda: planned_runs("paper")),
+    ("README.md", r"\| `paper_rehearsal` \|[^|\n]*\| (\d+) \|", lambda: planned_runs("paper_rehearsal")),
+    ("docs/controls.md", r"(\d+)\s+runs\s+more\s+than\s+the\s+paper's",
+     lambda: planned_runs("tiny") - planned_runs("paper")),
+    ("docs/controls.md", r"more\s+than\s+the\s+paper's\s+(\d+)\)", lambda: planned_runs("paper")),
+    ("docs/controls.md", r"stays\s+the\s+paper's\s+(\d+)\s+runs", lambda: planned_runs("paper")),
+    ("docs/profiles.md", r"\| `tiny` \(default\) \|[^\n]*?\| (\d+) \|", lambda: planned_runs("tiny")),
+    ("docs/profiles.md", r"`tiny`'s (\d+) \+", lambda: planned_runs("tiny")),
+    ("docs/profiles.md", r"`tiny`'s \d+ \+ (\d+) second-seed runs",
+     lambda: planned_runs("tiny_seeds") - planned_runs("tiny")),
+    ("docs/profiles.md", r"\| the paper's (\d+) \|", lambda: planned_runs("paper")),
+    ("docs/profiles.md", r"\[tableX1\]`,\s+(\d+)\s+runs", lambda: planned_runs("tiny") - planned_runs("tiny", ())),
+    ("docs/rehearsal.md", r"the\s+same\s+(\d+)\s+training\s+runs", lambda: planned_runs("paper_rehearsal")),
+    ("docs/rehearsal.md", r"all\s+(\d+)\s+runs\s+were\s+trained", lambda: planned_runs("paper_rehearsal")),
+]
+
+
+@pytest.mark.parametrize("page, pattern, count", RUN_COUNTS, ids=[f"{p}:{q}" for p, q, _ in RUN_COUNTS])
+def test_stated_run_counts_are_the_registrys(page, pattern, count):
+    stated = re.findall(pattern, (ROOT / page).read_text(encoding="utf-8"))
+    assert stated, f"{page} no longer matches {pattern!r}: state the count so that this test can read it"
+    assert {int(number) for number in stated} == {count()}, f"{page}: {pattern!r}"
 
 
 # ---- the checkers catch what they should --------------------------------------------------------------

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import urllib3.util.retry
 from helpers.fault_server import FAST
-from helpers.payloads import blob, sha256, tar_gz, zip_bytes
+from helpers.payloads import blob, sha256, tar_bytes, tar_gz, zip_bytes
 
 from hnclip.data.download import (
     ArchiveError,
@@ -432,6 +432,56 @@ def test_extraction_is_skipped_when_already_done(tmp_path):
     (tmp_path / "ex" / "d" / "x.txt").write_bytes(b"edited")
     extract_archive(archive, tmp_path / "ex")
     assert (tmp_path / "ex" / "d" / "x.txt").read_bytes() == b"edited"
+
+
+def _same_size_impostor(kind: str) -> tuple[bytes, bytes]:
+    """A pinned archive and a valid archive of the same size with other content (only the pin can tell)."""
+    build = {"tar": tar_bytes, "zip": zip_bytes}[kind]
+    good, impostor = (build({"data/a.txt": blob(4096, seed), "data/b.txt": b"b"}) for seed in (1, 2))
+    assert len(good) == len(impostor) and good != impostor
+    return good, impostor
+
+
+@pytest.mark.parametrize("algorithm", ["sha256", "md5"])   # DOCCI's image archive is md5-pinned
+@pytest.mark.parametrize("kind", ["tar", "zip"])
+@pytest.mark.parametrize("via", ["argument", "environment"])
+def test_mirror_serving_the_right_size_but_wrong_content_fails_the_checksum(server, tmp_path, monkeypatch,
+                                                                            algorithm, kind, via):
+    good, impostor = _same_size_impostor(kind)
+    name = f"data.{kind}"
+    pin = getattr(hashlib, algorithm)(good).hexdigest()
+    source = Source(name="toy", title="toy", homepage="", license="", files=(
+        SourceFile(name=name, url="https://example.invalid/never-asked", checksum=pin, algorithm=algorithm,
+                   size=len(good)),))
+    server.add(f"/mirror/toy/{name}", impostor)
+    mirror = server.url + "/mirror"
+    if via == "environment":
+        monkeypatch.setenv(MIRROR_ENV, mirror)
+        mirror = None
+    else:
+        monkeypatch.delenv(MIRROR_ENV, raising=False)
+    with pytest.raises(ChecksumMismatch, match=f"{algorithm} mismatch: expected {pin}") as error:
+        download_dataset("toy", tmp_path, mirror, source=source, **FAST)
+    assert error.value.got == getattr(hashlib, algorithm)(impostor).hexdigest()
+    raw = tmp_path / "toy" / "raw" / name
+    assert_not_complete(raw)
+    assert not part_path(raw).exists()                       # a wrong body is never resumed from
+    assert not (tmp_path / "toy" / "extracted").exists()     # nor unpacked
+    assert len(server.served(f"/mirror/toy/{name}")) == 1    # the mirror was asked, not the original host
+
+    server.add(f"/mirror/toy/{name}", good)                  # the mirror repaired: the same call now succeeds
+    download_dataset("toy", tmp_path, mirror, source=source, **FAST)
+    assert raw.read_bytes() == good and (tmp_path / "toy" / "extracted" / "data" / "b.txt").read_bytes() == b"b"
+
+
+def test_mirror_serving_a_hub_file_with_the_wrong_content_fails_the_checksum(hub, tmp_path):
+    """A mirror replaces the Hub for a Hub-hosted file; the file's pin still applies."""
+    current, impostor = blob(4096, 1), blob(4096, 2)
+    hub.add("/mirror/longclip_l/longclip-L.pt", impostor)
+    with pytest.raises(ChecksumMismatch, match=f"sha256 mismatch: expected {sha256(current)}"):
+        download_dataset("longclip_l", tmp_path, hub.url + "/mirror", source=longclip_pinned_to(current), **FAST)
+    assert_not_complete(tmp_path / "longclip_l" / "raw" / "longclip-L.pt")
+    assert {entry.path for entry in hub.log} == {"/mirror/longclip_l/longclip-L.pt"}  # the Hub was not asked
 
 
 def test_manual_file_prints_instructions(server, tmp_path, capsys):

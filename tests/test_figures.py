@@ -191,7 +191,7 @@ def test_fig6_needs_table1_once_a_baseline_is_implemented(params, tmp_path, monk
 def test_figa5_batch_is_the_first_micro_batch_the_training_loop_yields():
     from hnclip.data.loader import subset_indices
     from hnclip.steps.stats import first_training_batch
-    from hnclip.training.loop import accumulation_groups, epoch_micro_batches
+    from hnclip.training.batching import accumulation_groups, epoch_micro_batches
     loop_first = accumulation_groups(epoch_micro_batches(subset_indices(100, 1.0), 16, 42, 0), 8)[0][0]
     batch = first_training_batch(100, micro_batch=16, seed=42, captions=8)
     assert batch == loop_first[:8]

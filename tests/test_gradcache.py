@@ -5,13 +5,13 @@ import open_clip
 import pytest
 import torch
 
-from hnclip.losses import ContrastiveLoss, HNClipLoss
+from hnclip.losses import ContrastiveLoss, hn_loss
 from hnclip.losses.gradcache import GradCache, gradcache_backward, split_micro_batches
 from hnclip.models.towers import encode_image, encode_text
 
 BATCH, MICRO = 16, 4
 SOT, EOT = 49406, 49407
-LOSSES = {"infonce": ContrastiveLoss(), "hn": HNClipLoss(gamma=0.5)}
+LOSSES = {"infonce": ContrastiveLoss(), "hn": functools.partial(hn_loss, gamma=0.5)}
 
 
 def _tiny_clip(patch_dropout=0.0, dtype=torch.float32):
@@ -150,7 +150,8 @@ def test_gradcache_class_with_uneven_micro_batches_and_dict_loss():
     full_loss, full_grads = _full_batch_backward(model, loss_fn, images, texts)
 
     model.zero_grad(set_to_none=True)
-    dict_loss = functools.partial(loss_fn, output_dict=True)  # named terms are summed
+    def dict_loss(*args):  # a loss with named terms (ClipLoss's output_dict form): they are summed
+        return {"contrastive_loss": loss_fn(*args)}
     cached_loss = GradCache(_encoder(model), dict_loss, micro_batch_size=5).step(
         images, texts, model.logit_scale.exp())  # micro-batches of 5, 5, 5, 1
 

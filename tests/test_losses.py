@@ -1,4 +1,5 @@
-"""HN loss (paper Eq. 2) against an independent computation; gamma=0 is InfoNCE; G carries no gradient."""
+"""HN loss (paper Eq. 2) against an independent computation; gamma=0 is InfoNCE; G carries no gradient;
+each loss is the cross-entropy of its logits."""
 import math
 
 import open_clip.loss
@@ -8,11 +9,13 @@ import torch.nn.functional as F
 
 from hnclip.losses import (
     ContrastiveLoss,
-    HNClipLoss,
+    hn_logits,
     hn_loss,
+    infonce_logits,
     infonce_loss,
     margin_matrix,
 )
+from hnclip.losses.contrastive import symmetric_cross_entropy
 
 
 def _features(b=6, d=8, seed=0, requires_grad=True):
@@ -41,7 +44,7 @@ def eq2_by_hand(img, txt, s, gamma, margin_txt=None):
 def test_hn_loss_matches_eq2_values_and_gradients(gamma, seed):
     img, txt = _features(seed=seed)
     s = 100.0 if seed == 0 else 14.3
-    ours = HNClipLoss(gamma)(img, txt, s)
+    ours = hn_loss(img, txt, s, gamma)
     ref = eq2_by_hand(img, txt, s, gamma)
     assert torch.allclose(ours, ref, atol=1e-10)
     g_ours = torch.autograd.grad(ours, (img, txt))
@@ -51,12 +54,12 @@ def test_hn_loss_matches_eq2_values_and_gradients(gamma, seed):
 
 
 def test_paper_reference_implementation_agrees():
-    """Appendix B.1's listing (fill_diagonal_ on the boost) gives the same numbers."""
+    """Appendix B.1's listing (fill_diagonal_ on the margins) gives the same numbers."""
     img, txt = _features(b=5, seed=3)
     sim = img @ txt.t()
-    boost = 0.5 * (txt @ txt.t()).detach()
-    boost.fill_diagonal_(0.0)
-    logits = 100.0 * (sim + boost)
+    margins = 0.5 * (txt @ txt.t()).detach()
+    margins.fill_diagonal_(0.0)
+    logits = 100.0 * (sim + margins)
     targets = torch.arange(5)
     listing = (F.cross_entropy(logits, targets) + F.cross_entropy(logits.t(), targets)) / 2
     assert torch.allclose(hn_loss(img, txt, 100.0, 0.5), listing, atol=1e-12)
@@ -65,7 +68,7 @@ def test_paper_reference_implementation_agrees():
 def test_gamma_zero_equals_infonce_and_open_clip():
     img, txt = _features(seed=4)
     scale = torch.tensor(100.0, dtype=torch.float64)
-    ours = HNClipLoss(0.0)(img, txt, scale)
+    ours = hn_loss(img, txt, scale, 0.0)
     # Equal up to rounding, not bit for bit: InfoNCE computes (s * I) @ T^T, L_HN s * (I @ T^T + 0), and
     # which of the two rounds lower depends on the machine's BLAS kernel.
     assert torch.allclose(ours, infonce_loss(img, txt, scale), rtol=1e-14, atol=0)
@@ -76,13 +79,13 @@ def test_gamma_zero_equals_infonce_and_open_clip():
 def test_no_gradient_flows_into_margin_features():
     img, txt = _features(seed=5)
     margin = F.normalize(torch.randn(6, 8, dtype=torch.float64), dim=-1).requires_grad_(True)
-    loss = HNClipLoss(0.5)(img, txt, 100.0, margin_text_features=margin)
+    loss = hn_loss(img, txt, 100.0, 0.5, margin_features=margin)
     grad_margin, = torch.autograd.grad(loss, margin, allow_unused=True)
     assert grad_margin is None
     # With the live text features as margin source, the text gradient equals the gradient with G
     # supplied as a constant: the G path contributes nothing.
-    live = torch.autograd.grad(HNClipLoss(0.5)(img, txt, 100.0), txt)[0]
-    constant = torch.autograd.grad(HNClipLoss(0.5)(img, txt, 100.0, margin_text_features=txt.detach().clone()), txt)[0]
+    live = torch.autograd.grad(hn_loss(img, txt, 100.0, 0.5), txt)[0]
+    constant = torch.autograd.grad(hn_loss(img, txt, 100.0, 0.5, margin_features=txt.detach().clone()), txt)[0]
     assert torch.allclose(live, constant, atol=1e-14)
 
 
@@ -103,17 +106,20 @@ def test_margin_matrix_is_detached_masked_cosine():
     assert torch.allclose(m[off], expected.detach()[off].to(m.dtype), atol=1e-6)
 
 
-def test_output_dict_contract_and_negative_gamma():
+def test_each_loss_is_the_symmetric_cross_entropy_of_its_logits_and_the_module_keeps_the_contract():
+    """The gradient probe differentiates through the logits: they are exactly the losses' own."""
     img, txt = _features(seed=8)
-    out = HNClipLoss(0.5)(img, txt, 100.0, output_dict=True)
+    other = F.normalize(torch.randn(6, 8, dtype=torch.float64), dim=-1)
+    assert torch.equal(hn_loss(img, txt, 100.0, 0.5, other, "constant"),
+                       symmetric_cross_entropy(hn_logits(img, txt, 100.0, 0.5, other, "constant")))
+    assert torch.equal(infonce_loss(img, txt, 100.0), symmetric_cross_entropy(infonce_logits(img, txt, 100.0)))
+    out = ContrastiveLoss()(img, txt, 100.0, output_dict=True)
     assert set(out) == {"contrastive_loss"} and math.isfinite(float(out["contrastive_loss"].detach()))
-    with pytest.raises(ValueError, match="gamma"):
-        HNClipLoss(-0.1)
 
 
-def test_boost_keeps_loss_alive_where_infonce_saturates():
+def test_margins_keep_the_loss_alive_where_infonce_saturates():
     """The mechanism of Sec. 2.2: perfectly aligned pairs whose captions are near-duplicates
-    (cosine 0.85): InfoNCE is saturated (< 1e-3) while the boosted loss is not."""
+    (cosine 0.85): InfoNCE is saturated (< 1e-3) while L_HN is not."""
     b, d = 8, 16
     eye = torch.eye(d, dtype=torch.float64)
     shared, private = eye[0], eye[1:b + 1]

@@ -7,8 +7,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
-import subprocess
-import sys
 
 import pandas as pd
 import pytest
@@ -18,7 +16,7 @@ import yaml
 from helpers.batches import accumulation_group as random_group
 from helpers.batches import tiny_model
 from helpers.micro_project import ROOT, VENV_BIN, run
-from helpers.training import EVALUATION, EXECUTION, KILL_SCRIPT, SPEC
+from helpers.training import EVALUATION, EXECUTION, SPEC, run_with_faults
 
 from hnclip.cli import main
 from hnclip.config import paths
@@ -26,14 +24,15 @@ from hnclip.config.params import ParamsError, validate_params
 from hnclip.config.registry import Registry
 from hnclip.data.loader import PairDataset
 from hnclip.losses import constant_margins, hn_loss, margin_matrix, shuffled_margins
-from hnclip.losses.objective import loss_terms, margin_generator, with_run_seed
+from hnclip.losses.objective import loss_terms, shuffle_generator, with_run_seed
 from hnclip.models.factory import create
 from hnclip.models.towers import encode_batch
 from hnclip.report import build
 from hnclip.report.gradient_stats import exact_zero_shares
+from hnclip.training.batching import epoch_micro_batches
 from hnclip.training.compute_batch import compute_batch_backward
 from hnclip.training.exact_batch import exact_batch_backward
-from hnclip.training.loop import TrainJob, epoch_micro_batches, train
+from hnclip.training.loop import TrainJob, train
 from hnclip.training.probe import GradientProbe, infonce_gradient
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: tiny shapes, one thread
@@ -64,53 +63,53 @@ def test_constant_margin_is_the_mean_off_diagonal_margin_by_hand():
     logits = 10.0 * (sims + expected)
     targets = torch.arange(3)
     by_hand = (F.cross_entropy(logits, targets) + F.cross_entropy(logits.t(), targets)) / 2
-    torch.testing.assert_close(hn_loss(image, text, 10.0, 0.5, control="constant"), by_hand)
+    torch.testing.assert_close(hn_loss(image, text, 10.0, 0.5, margin_control="constant"), by_hand)
     assert not torch.allclose(hn_loss(image, text, 10.0, 0.5), by_hand)  # G_bar itself is another loss
 
 
 def test_shuffled_margins_permute_the_pairs_by_hand():
     text = unit([[1, 0, 0, 0], [0.6, 0.8, 0, 0], [0, 1, 0, 0], [0.5, 0.5, 0.5, 0.5]])
-    boost = margin_matrix(text, 0.5)
+    margins = margin_matrix(text, 0.5)
     order = torch.randperm(6, generator=torch.Generator().manual_seed(3))
     upper = [(0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3)]  # torch.triu_indices' order
     expected = torch.zeros(4, 4, dtype=torch.float64)
     for (i, j), source in zip(upper, order.tolist()):
-        expected[i, j] = expected[j, i] = boost[upper[source]]
-    shuffled = shuffled_margins(boost, torch.Generator().manual_seed(3))
+        expected[i, j] = expected[j, i] = margins[upper[source]]
+    shuffled = shuffled_margins(margins, torch.Generator().manual_seed(3))
     torch.testing.assert_close(shuffled, expected)
-    assert not torch.equal(shuffled, boost)
+    assert not torch.equal(shuffled, margins)
     torch.testing.assert_close(margin_matrix(text, 0.5, "shuffled", torch.Generator().manual_seed(3)), expected)
 
 
 def test_shuffled_margins_keep_the_margins_and_the_masked_diagonal():
     text = F.normalize(torch.randn(16, 8, generator=torch.Generator().manual_seed(0)), dim=-1)
-    boost = margin_matrix(text, 0.5)
+    margins = margin_matrix(text, 0.5)
     shuffled = margin_matrix(text, 0.5, "shuffled", torch.Generator().manual_seed(1))
     off = ~torch.eye(16, dtype=torch.bool)
     assert torch.equal(shuffled.diagonal(), torch.zeros(16)) and torch.equal(shuffled, shuffled.t())
-    assert torch.equal(shuffled[off].sort().values, boost[off].sort().values)  # the same multiset
-    assert (shuffled != boost)[off].float().mean() > 0.9  # ...on other pairs
+    assert torch.equal(shuffled[off].sort().values, margins[off].sort().values)  # the same multiset
+    assert (shuffled != margins)[off].float().mean() > 0.9  # ...on other pairs
     again = margin_matrix(text, 0.5, "shuffled", torch.Generator().manual_seed(1))
     assert torch.equal(shuffled, again)
     assert not torch.equal(shuffled, margin_matrix(text, 0.5, "shuffled", torch.Generator().manual_seed(2)))
     with pytest.raises(ValueError, match="generator"):
         margin_matrix(text, 0.5, "shuffled")
-    assert torch.equal(constant_margins(boost).diagonal(), torch.zeros(16))
+    assert torch.equal(constant_margins(margins).diagonal(), torch.zeros(16))
 
 
 def test_the_shuffle_of_a_group_is_a_function_of_the_run_seed_and_its_position():
     text = F.normalize(torch.randn(8, 8, generator=torch.Generator().manual_seed(0)), dim=-1)
 
     def shuffled(objective, key):
-        return margin_matrix(text, 0.5, "shuffled", margin_generator(objective, key))
+        return margin_matrix(text, 0.5, "shuffled", shuffle_generator(objective, key))
     reference = shuffled(SHUFFLED, (1, 3))
     assert torch.equal(reference, shuffled(SHUFFLED, (1, 3)))
     for objective, key in ((SHUFFLED, (1, 4)), (SHUFFLED, (2, 3)), (with_run_seed(SHUFFLED, 8), (1, 3))):
         assert not torch.equal(reference, shuffled(objective, key))
-    assert margin_generator(CONSTANT, (1, 3)) is None and margin_generator({**SHUFFLED, "gamma": 0.0}, None) is None
+    assert shuffle_generator(CONSTANT, (1, 3)) is None and shuffle_generator({**SHUFFLED, "gamma": 0.0}, None) is None
     assert "run_seed" not in with_run_seed(CONSTANT, 7)
     with pytest.raises(ValueError, match="run seed"):
-        margin_generator(SHUFFLED, None)
+        shuffle_generator(SHUFFLED, None)
 
 
 # ---- every path that computes L_HN ---------------------------------------------------------------
@@ -131,7 +130,7 @@ def test_micro_batch_and_compute_batch_paths_give_the_same_losses_and_gradients(
     model = tiny_model(tiny_state)
     micro = []
     for (images, tokens), key in zip(batches, KEYS):
-        terms = loss_terms(model, images, tokens, objective, margin_key=key)
+        terms = loss_terms(model, images, tokens, objective, shuffle_key=key)
         (terms["total"] / len(batches)).backward()
         micro.append(float(terms["hn"].detach()))
     expected = grads(model)
@@ -145,9 +144,9 @@ def test_micro_batch_and_compute_batch_paths_give_the_same_losses_and_gradients(
     plain = {k: v for k, v in objective.items() if k not in ("margin_control", "run_seed")}
     assert float(loss_terms(model, *batches[0], plain)["hn"].detach()) != pytest.approx(micro[0], rel=1e-4)
     if objective is SHUFFLED:  # and another group's shuffle gives another loss
-        assert float(loss_terms(model, *batches[0], objective, margin_key=(1, 0))["hn"].detach()) != \
+        assert float(loss_terms(model, *batches[0], objective, shuffle_key=(1, 0))["hn"].detach()) != \
             pytest.approx(micro[0], rel=1e-4)
-        with pytest.raises(ValueError, match="margin key"):
+        with pytest.raises(ValueError, match="shuffle key"):
             loss_terms(model, *batches[0], objective)
 
 
@@ -161,7 +160,7 @@ def test_exact_batch_is_one_softmax_with_the_groups_controlled_margins(tiny_stat
     images, tokens = torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
     encoded = encode_batch(model, images, tokens, with_tokens=False)
     reference = hn_loss(encoded.image_features, encoded.text_features, model.logit_scale.exp(), 0.5,
-                        control=objective["margin_control"], generator=margin_generator(objective, KEYS[0]))
+                        margin_control=objective["margin_control"], generator=shuffle_generator(objective, KEYS[0]))
     reference.backward()
     assert record["hn"] == pytest.approx(float(reference.detach()), rel=1e-5)
     for name, grad in grads(model).items():
@@ -173,8 +172,8 @@ def test_the_probe_measures_the_runs_controlled_margin(tiny_state, objective):
     images, tokens = accumulation_group()[0]
     model = tiny_model(tiny_state)
     probe = GradientProbe.from_settings({"grad_probe_every": 1}, objective)
-    record = probe.measure(model, list(model.parameters()), images, tokens, margin_key=KEYS[0])
-    trained = loss_terms(model, images, tokens, objective, margin_key=KEYS[0])
+    record = probe.measure(model, list(model.parameters()), images, tokens, shuffle_key=KEYS[0])
+    trained = loss_terms(model, images, tokens, objective, shuffle_key=KEYS[0])
     assert record["hn_loss"] == float(trained["hn"].detach()) and record["margin_control"] == probe.margin_control
     assert record["clip_loss"] == float(trained["infonce"].detach())
     assert record["clip_bf16_loss"] == pytest.approx(record["clip_loss"], rel=0.05)  # bf16 autocast on the CPU
@@ -182,13 +181,12 @@ def test_the_probe_measures_the_runs_controlled_margin(tiny_state, objective):
 
 
 # ---- a shuffled-G run is reproducible and resumable ------------------------------------------------
-def make_job(tiny_data, out, control: str = "shuffled", stop_after_steps=None) -> TrainJob:
+def make_job(tiny_data, out, control: str = "shuffled") -> TrainJob:
     spec = {**SPEC, "objective": {**SPEC["objective"], "margin_control": control}}
     return TrainJob(run_id="control-run", spec=spec, spec_hash="f" * 64, init_kind="scratch", init_path=None,
                     model_config="hnclip-tiny", train_manifest=tiny_data["train"],
                     eval_manifests={"docci": tiny_data["test"]}, out_dir=out / "run", checkpoint_dir=out / "ckpt",
-                    execution={**EXECUTION, "grad_probe_every": 2}, evaluation=EVALUATION,
-                    stop_after_steps=stop_after_steps)
+                    execution={**EXECUTION, "grad_probe_every": 2}, evaluation=EVALUATION)
 
 
 def test_a_shuffled_g_run_killed_and_resumed_reaches_the_same_weights(tiny_data, tmp_path):
@@ -196,12 +194,9 @@ def test_a_shuffled_g_run_killed_and_resumed_reaches_the_same_weights(tiny_data,
     replayed after a resume (checkpoints every 2 steps, killed after step 3) draws the same ones."""
     whole_job = make_job(tiny_data, tmp_path / "whole")
     whole = train(whole_job)
-    job = make_job(tiny_data, tmp_path / "killed", stop_after_steps=3)
-    payload = {k: (str(v) if hasattr(v, "parts") else v) for k, v in job.__dict__.items()}
-    payload["eval_manifests"] = {k: str(v) for k, v in job.eval_manifests.items()}
-    proc = subprocess.run([sys.executable, "-c", KILL_SCRIPT, json.dumps(payload)], capture_output=True, text=True)
+    job = make_job(tiny_data, tmp_path / "killed")
+    proc = run_with_faults(job, {"kill_after_step": 3})
     assert proc.returncode == -9, proc.stderr
-    job.stop_after_steps = None
     resumed = train(job)
     assert resumed["resumed_from_step"] == 2
     assert [h["weights_sha256"] for h in resumed["history"]] == [h["weights_sha256"] for h in whole["history"]]
@@ -228,9 +223,9 @@ def test_a_shuffled_g_run_trains_on_the_shuffles_of_its_micro_batches_positions(
     first_group = epoch_micro_batches(list(range(len(data))), SPEC["recipe"]["micro_batch"], SPEC["seed"], 0)[:2]
     objective = with_run_seed(make_job(tiny_data, tmp_path).spec["objective"], SPEC["seed"])
     with torch.no_grad():
-        hn = [float(loss_terms(model, *data.batch(ix), objective, margin_key=(0, k))["hn"])
+        hn = [float(loss_terms(model, *data.batch(ix), objective, shuffle_key=(0, k))["hn"])
               for k, ix in enumerate(first_group)]
-        unkeyed = float(loss_terms(model, *data.batch(first_group[0]), objective, margin_key=(0, 1))["hn"])
+        unkeyed = float(loss_terms(model, *data.batch(first_group[0]), objective, shuffle_key=(0, 1))["hn"])
     assert unkeyed != pytest.approx(hn[0], rel=1e-4)  # the key matters on this batch
     for out in (tmp_path / "micro", tmp_path / "compute"):
         steps = [json.loads(line) for line in (out / "run" / "steps.jsonl").read_text().splitlines()]
@@ -321,10 +316,14 @@ def test_existing_runs_keep_their_ids(params, in_project):
 
 
 def test_the_paper_profile_plans_table_x1_only_on_request(params, in_project):
-    assert "tableX1" not in Registry(params, profile="paper").tables
-    assert len(Registry(params, profile="paper").runs()) == 69  # the paper's own runs
+    paper = Registry(params, profile="paper")
+    assert "tableX1" not in paper.tables
+    assert all(not params["tables"][t].get("optional") for t in paper.tables)  # the paper's own runs
     only = Registry({**params, "optional_tables": ["tableX1"]}, profile="paper")
-    assert "tableX1" in only.tables and "baselines_corrected" not in only.tables and len(only.runs()) == 69 + 8
+    assert "tableX1" in only.tables and "baselines_corrected" not in only.tables
+    # it adds exactly the controls' runs: its HN-CLIP and Long-CLIP FT rows are the paper's runs
+    controls = {c.run_id for c in only.cells("tableX1") if c.row in CONTROL_ROWS}
+    assert set(only.runs()) - set(paper.runs()) == controls and set(paper.runs()) <= set(only.runs())
     everything = Registry({**params, "optional_tables": True}, profile="paper")
     assert {"tableX1", "baselines_corrected"} <= set(everything.tables)
     with pytest.raises(ParamsError, match=r"optional_tables: \['table1'\] are not optional tables"):

@@ -19,10 +19,10 @@ def test_every_exported_name_resolves(package):
 
 
 def test_named_entry_points():
-    from hnclip.losses import HNClipLoss
+    from hnclip.losses import hn_loss
     from hnclip.models import load_longclip
     from hnclip.training import TrainJob, train
-    assert HNClipLoss.__module__ == "hnclip.losses.contrastive"
+    assert hn_loss.__module__ == "hnclip.losses.contrastive"
     assert load_longclip.__module__ == "hnclip.models.longclip"
     assert train.__module__ == TrainJob.__module__ == "hnclip.training.loop"
 

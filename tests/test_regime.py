@@ -25,7 +25,11 @@ from hnclip.data.synthetic import family_of
 from hnclip.io import read_json, read_jsonl, write_json, write_jsonl
 from hnclip.report import regime
 from hnclip.steps.regime import planned_run, regime_inputs
-from hnclip.training.loop import _step_record, epoch_micro_batches
+from hnclip.training.batching import epoch_micro_batches
+from hnclip.training.methods import Method
+from hnclip.training.step import step_record
+
+LOSS_NAMES = Method.loss_names  # HN-CLIP's terms
 
 
 def row(row_id: str) -> ManifestRow:
@@ -106,13 +110,13 @@ def test_step_log_records_the_hn_share_and_micro_batches():
     model = SimpleNamespace(logit_scale=torch.tensor(0.0))
     records = [{"infonce": 1e-4, "hn": 2e-3, "total": 1.0}, {"infonce": 2e-4, "hn": 1e-4, "total": 1.0},
                {"infonce": 0.5, "hn": 1e-3, "total": 1.0}, {"infonce": 0.5, "hn": 3.0, "total": 1.0}]
-    step = _step_record(1, 0, 1e-4, 1.0, model, records, "micro", 16)
+    step = step_record(1, 0, 1e-4, 1.0, model, records, "micro", 16, LOSS_NAMES)
     assert step["saturated_frac"] == 0.5 and step["hn_unsaturated_frac"] == 0.75  # 1e-3 itself is not saturated
     assert step["micro_batches"] == 4 and step["epoch"] == 1
-    plain = _step_record(1, 0, 1e-4, 1.0, model, [{"infonce": 1e-4, "total": 1e-4}], "micro", 16)
+    plain = step_record(1, 0, 1e-4, 1.0, model, [{"infonce": 1e-4, "total": 1e-4}], "micro", 16, LOSS_NAMES)
     assert "hn_unsaturated_frac" not in plain and plain["saturated_frac"] == 1.0
-    exact = _step_record(1, 0, 1e-4, 1.0, model, [{"infonce": 0.1, "hn": 0.2, "total": 0.2, "micro_batches": 8}],
-                         "exact", 128)
+    exact = step_record(1, 0, 1e-4, 1.0, model, [{"infonce": 0.1, "hn": 0.2, "total": 0.2, "micro_batches": 8}],
+                        "exact", 128, LOSS_NAMES)
     assert exact["micro_batches"] == 8  # one exact-batch record stands for the whole group
 
 

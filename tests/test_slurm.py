@@ -6,7 +6,8 @@ datasets of one Table 3a cell of the micro profile once, and runs three Snakemak
 
 * `slurm`: `--profile workflow/profiles/slurm` as shipped, plus the flags this accounting-less test
   cluster needs: pretrain_backbone, train, evaluate and table each run as an sbatch job with the
-  profile's GPU, memory, runtime and CPU requests;
+  profile's GPU, memory and CPU requests and its runtime (train and evaluate: the time limit their
+  rules book from `hnclip plan`'s estimate);
 * `local`: `--cores 2` on the same params and data, the reference;
 * `failing`: the SLURM run of a project whose backbone resume checkpoint is broken (a directory),
   with the CPU-only overrides a cluster without GPUs would use: pretraining raises inside its job.
@@ -36,6 +37,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import local_slurm  # noqa: E402
 
 from hnclip.config import paths  # noqa: E402  (no torch import: keeps the fixture's own start fast)
+from hnclip.config.registry import Registry  # noqa: E402
+from hnclip.report.plan import PLANNED_RULES, build_plan  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -170,6 +173,15 @@ def profile_resources() -> dict[str, dict]:
                    for k, v in values.items()} for rule, values in resources.items()}
 
 
+def planned_limits(params: dict, rules: tuple[str, ...]) -> dict[str, int]:
+    """rule -> the first-attempt time limit `hnclip plan` gives the one job of that rule (the rules book it)."""
+    plan = build_plan(Registry(params))
+    limits = {job.rule: plan.time_limit_min(job.name) for job in plan.jobs.values() if job.rule in rules}
+    assert sorted(limits) == sorted(rules) and all(
+        sum(job.rule == rule for job in plan.jobs.values()) == 1 for rule in rules), "one job per rule expected"
+    return limits
+
+
 def run_record(project: Path, rel: str) -> dict:
     return json.loads((project / rel).read_text())
 
@@ -221,8 +233,22 @@ def test_profile_gives_every_rule_resources_and_gpu_rules_a_gpu():
     resources = profile_resources()
     assert rules <= set(resources), f"rules without SLURM resources: {rules - set(resources)}"
     for rule, res in resources.items():
-        assert {"mem_mb", "runtime", "cpus_per_task"} <= set(res), rule
+        assert {"mem_mb", "cpus_per_task"} <= set(res), rule
+        # a runtime here would replace the one the rule books from `hnclip plan`'s estimate
+        assert ("runtime" in res) == (rule not in PLANNED_RULES), rule
         assert (res.get("gpu", 0) >= 1) == (rule in GPU_RULES), rule
+    rule_text = "".join(smk.read_text() for smk in (ROOT / "workflow" / "rules").glob("*.smk"))
+    for rule in PLANNED_RULES:
+        assert f'runtime=planned_runtime("{rule}", ' in rule_text, rule
+
+
+def test_profile_books_the_plans_memory_for_the_paper_profile(params):
+    """mem_mb of the model-bound rules is `hnclip plan`'s estimate for the paper profile (startup + 1.5 x
+    the model's host copies), which the rules declare too (tests/test_workflow.py)."""
+    planned = build_plan(Registry(params, profile="paper")).host_mem_mb()
+    booked = profile_resources()
+    assert {rule: booked[rule]["mem_mb"] for rule in planned} == planned == {
+        "train": 27000, "evaluate": 12000, "caption_stats": 12000}
 
 
 def test_missing_packages_without_apt_is_an_error_with_the_reason(monkeypatch):
@@ -252,12 +278,13 @@ def test_slurm_jobs_got_the_profiles_requests(runs):
     assert {rule: len(ids) for rule, ids in jobs.items()} == {
         "pretrain_backbone": 1, "train": 1, "evaluate": 1, "table": 1}
     wanted = profile_resources()
+    planned = planned_limits(one_table_params(), ("train", "evaluate"))
     for rule, submissions in jobs.items():
         for job_id, log in submissions:
             job = slurm_job(job_id, runs["env"])
             assert job["JobState"] == "COMPLETED", (rule, job)
             assert log.exists(), log  # kept for successful jobs too (slurm-keep-successful-logs)
-            assert minutes(job["TimeLimit"]) == wanted[rule]["runtime"], (rule, job["TimeLimit"])
+            assert minutes(job["TimeLimit"]) == wanted[rule].get("runtime", planned.get(rule)), (rule, job["TimeLimit"])
             assert megabytes(job["MinMemoryNode"]) == wanted[rule]["mem_mb"], (rule, job["MinMemoryNode"])
             assert int(job["NumCPUs"]) == wanted[rule]["cpus_per_task"], (rule, job["NumCPUs"])
             gpu = f"gres:gpu:{wanted[rule]['gpu_model']}:{wanted[rule]['gpu']}" if rule in GPU_RULES else None

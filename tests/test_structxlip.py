@@ -85,6 +85,47 @@ def test_filter_uses_the_released_word_lists():
     assert filter_caption("A dark brown beetle sits there.", ("insect", "colors")) == "A beetle sits there."
 
 
+def test_word_lists_match_the_content_of_the_released_file():
+    """Each list's sha256 is that of the release's text_filters.py @bd63274 (pins in the lexicon module)."""
+    from hnclip.data.auxiliary import structxlip_lexicon as lexicon
+    lexicon.check_release()
+    assert {name: lexicon.list_sha256(words) for name, words in lexicon.lists().items()} == lexicon.RELEASE_SHA256
+
+
+def _release_format(lists: dict) -> str:
+    """A text_filters.py laid out as the release's (STOPWORDS a set, DEFAULT_VOCAB keyword tuples)."""
+    vocab = ",\n".join(f"    {name}={tuple(words)!r}" for name, words in lists.items() if name != "stopwords")
+    return (f"import re\n\nSTOPWORDS = {set(lists['stopwords'])!r}\n\n\ndef f():\n    pass\n\n\n"
+            f"DEFAULT_VOCAB = VisualVocabulary(\n{vocab},\n)\n")
+
+
+def test_pins_are_recomputed_from_a_file_in_the_releases_layout():
+    from hnclip.data.auxiliary import structxlip_lexicon as lexicon
+    parsed = lexicon.lists_from_release(_release_format(lexicon.lists()))
+    assert {name: lexicon.list_sha256(words) for name, words in parsed.items()} == lexicon.RELEASE_SHA256
+
+
+@pytest.mark.parametrize("name", ["colors", "materials", "textures", "insect_terms", "stopwords"])
+@pytest.mark.parametrize("change", ["misspell", "swap", "drop"])
+def test_one_changed_word_fails_the_release_check(monkeypatch, name, change):
+    """Same length and the same samples, one word different: the content pin catches it."""
+    from hnclip.data.auxiliary import structxlip_lexicon as lexicon
+    words = list(lexicon.lists()[name])
+    k = len(words) // 2
+    if change == "misspell":
+        words[k] = words[k][:-1] + ("x" if words[k][-1] != "x" else "y")
+    elif change == "swap":
+        words[k], words[k + 1] = words[k + 1], words[k]
+    else:
+        words[k:k + 1] = []
+    attribute = {"insect_terms": "INSECT_TERMS"}.get(name, name.upper())
+    monkeypatch.setattr(lexicon, attribute, tuple(words))
+    with pytest.raises(ValueError, match=rf"\['{name}'\] differ from the release's \(intelligolabs/StructXLIP@bd63274"):
+        lexicon.check_release()
+    with pytest.raises(ValueError, match=name):
+        lexicon.check_release({**lexicon.lists(), name: words})
+
+
 def test_filter_rejects_unknown_category():
     with pytest.raises(ValueError, match="insects"):
         filter_caption("A red ball.", categories=("insects",))

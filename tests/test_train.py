@@ -1,27 +1,21 @@
 """Training loop: resume after a SIGKILL reaches the same weights; NaN stops with the checkpoint kept."""
 import json
 import math
-import subprocess
-import sys
 
 import pytest
 import torch
-from helpers.training import EVALUATION, EXECUTION, KILL_SCRIPT, SPEC
+from helpers.training import EVALUATION, EXECUTION, SPEC, run_with_faults
 
-from hnclip.training.loop import (
-    NonFiniteLossError,
-    TrainJob,
-    cosine_lr,
-    epoch_micro_batches,
-    train,
-)
+from hnclip.training.batching import epoch_micro_batches
+from hnclip.training.loop import NonFiniteLossError, TrainJob, train
+from hnclip.training.schedule import cosine_lr
 
 
-def make_job(tiny_data, out, spec=SPEC, stop_after_steps=None):
+def make_job(tiny_data, out, spec=SPEC):
     return TrainJob(run_id="test-run", spec=spec, spec_hash="h" * 64, init_kind="scratch", init_path=None,
                     model_config="hnclip-tiny", train_manifest=tiny_data["train"],
                     eval_manifests={"docci": tiny_data["test"]}, out_dir=out / "run", checkpoint_dir=out / "ckpt",
-                    execution=EXECUTION, evaluation=EVALUATION, stop_after_steps=stop_after_steps)
+                    execution=EXECUTION, evaluation=EVALUATION)
 
 
 def test_schedule_and_batches_are_deterministic():
@@ -37,22 +31,19 @@ def test_killed_run_resumes_to_identical_result(tiny_data, tmp_path, monkeypatch
     import hnclip.training.loop as loop
     saved_at, real_save = [], loop.save_checkpoint
     monkeypatch.setattr(loop, "save_checkpoint",
-                        lambda *args: saved_at.append(args[-1]["step"]) or real_save(*args))
+                        lambda *args: saved_at.append(args[-1].step) or real_save(*args))
     reference = train(make_job(tiny_data, tmp_path / "uninterrupted"))
     assert reference["optimizer_steps"] == 6  # 48 pairs / 8 = 6 micro-batches / 2 = 3 steps, 2 epochs
     assert saved_at == [2, 3, 4, 6]  # every 2 steps and at each epoch's end, which step 6 is: written once
     monkeypatch.undo()
 
-    job = make_job(tiny_data, tmp_path / "killed", stop_after_steps=5)
-    payload = {k: (str(v) if hasattr(v, "parts") else v) for k, v in job.__dict__.items()}
-    payload["eval_manifests"] = {k: str(v) for k, v in job.eval_manifests.items()}
-    proc = subprocess.run([sys.executable, "-c", KILL_SCRIPT, json.dumps(payload)], capture_output=True, text=True)
+    job = make_job(tiny_data, tmp_path / "killed")
+    proc = run_with_faults(job, {"kill_after_step": 5})
     assert proc.returncode == -9, proc.stderr  # SIGKILL after optimizer step 5
     assert not (job.out_dir / "model.pt").exists()
     saved = torch.load(job.checkpoint_dir / "last.pt", weights_only=True)["state"]
     assert saved["step"] == 4  # checkpoints every 2 steps: step 5 is lost and replayed
 
-    job.stop_after_steps = None
     resumed = train(job)
     assert resumed["resumed_from_step"] == 4
     assert resumed["final_weights_sha256"] == reference["final_weights_sha256"]
@@ -64,9 +55,10 @@ def test_a_finished_run_rerun_to_probe_its_gradients_trains_again_and_probes(tin
     """Snakemake reruns a run whose probe setting changed (tiny -> tiny_seeds); its resume checkpoint
     is at the last step, so resuming would record no probe: it trains afresh, to the same weights."""
     job = make_job(tiny_data, tmp_path)
+    job.execution = {**EXECUTION, "keep_resume_checkpoints": True}  # else nothing is left to resume
     first = train(job)
     assert not (job.out_dir / "grad_probe.jsonl").exists()  # not probed
-    job.execution = {**EXECUTION, "grad_probe_every": 1}
+    job.execution = {**job.execution, "grad_probe_every": 1}
     again = train(job)
     assert "training afresh" in capsys.readouterr().err and again["resumed_from_step"] is None
     probes = (job.out_dir / "grad_probe.jsonl").read_text().splitlines()
@@ -83,6 +75,7 @@ def test_a_checkpoint_trained_from_other_data_or_weights_is_not_resumed(tiny_dat
     data = tmp_path / "docci"
     shutil.copytree(tiny_data["train"].parent, data)
     job = make_job({"train": data / "train.jsonl", "test": data / "test.jsonl"}, tmp_path)
+    job.execution = {**EXECUTION, "keep_resume_checkpoints": True}  # a killed run's state, kept to the end
     train(job)
     assert train(job)["resumed_from_step"] == 6  # the same content: the finished checkpoint is used
     rows = (data / "train.jsonl").read_text().splitlines()
@@ -131,9 +124,11 @@ def test_training_record_and_step_log(tiny_data, tmp_path):
 def test_frozen_margin_stays_constant_while_live_drifts(tiny_data):
     from hnclip.data.loader import PairDataset
     from hnclip.losses import margin_matrix
+    from hnclip.losses.objective import loss_terms
     from hnclip.models.factory import create
     from hnclip.models.towers import encode_text
-    from hnclip.training.loop import build_optimizer, frozen_text_encoder, loss_terms
+    from hnclip.training.model_setup import frozen_text_encoder
+    from hnclip.training.schedule import build_optimizer
 
     torch.manual_seed(0)
     backbone = create("hnclip-tiny")
@@ -162,7 +157,7 @@ def test_saved_weights_are_checked_against_the_last_evaluated_epoch(tmp_path):
     weights whose metrics the last epoch recorded."""
     from hnclip.hashing import weights_digest
     from hnclip.models.factory import save_weights
-    from hnclip.training.loop import _saved_weights_match
+    from hnclip.training.outputs import saved_weights_match as _saved_weights_match
     model = torch.nn.Linear(3, 2)
     path = tmp_path / "model.pt"
     save_weights(model, "hnclip-tiny", path)

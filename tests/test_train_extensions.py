@@ -4,13 +4,11 @@ gradient probe of paper Fig. 4."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from helpers.training import EVALUATION, EXECUTION, KILL_SCRIPT, SPEC
+from helpers.training import EVALUATION, EXECUTION, SPEC, run_with_faults
 
 from hnclip.data.loader import PairDataset
 from hnclip.evaluation.retrieval import evaluate_model
@@ -22,20 +20,23 @@ from hnclip.models.factory import create, load_weights
 from hnclip.models.towers import encode_batch, encode_text
 from hnclip.training.exact_batch import exact_batch_backward
 from hnclip.training.frameworks import TrainedModel
-from hnclip.training.loop import TrainJob, frozen_text_encoder, train
+from hnclip.training.loop import TrainJob, train
+from hnclip.training.model_setup import frozen_text_encoder
 from hnclip.training.probe import GradientProbe
 
 ADAPTER_TARGETS = ("attn.in_proj_weight", "attn.out_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
 
-def make_job(tiny_data, out: Path, objective=None, recipe=None, execution=None, stop_after_steps=None):
+def make_job(tiny_data, out: Path, objective=None, recipe=None, execution=None):
     spec = {**SPEC, "objective": {**SPEC["objective"], **(objective or {})},
             "recipe": {**SPEC["recipe"], **(recipe or {})}}
     return TrainJob(run_id="ext-run", spec=spec, spec_hash="e" * 64, init_kind="scratch", init_path=None,
                     model_config="hnclip-tiny", train_manifest=tiny_data["train"],
                     eval_manifests={"docci": tiny_data["test"]}, out_dir=out / "run", checkpoint_dir=out / "ckpt",
-                    execution={**EXECUTION, **(execution or {})}, evaluation=EVALUATION,
-                    stop_after_steps=stop_after_steps)
+                    # these tests read the finished run's resume checkpoint (adapters, probe state)
+                    execution={**EXECUTION, "keep_resume_checkpoints": True, **(execution or {})},
+                    evaluation=EVALUATION)
+
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -93,13 +94,10 @@ def test_lora_run_trains_adapters_and_resumes_after_kill(tiny_data, tmp_path):
     assert reference["training"]["framework"] == "lora"
     assert_adapter_run(reference_job, reference)
 
-    job = make_job(tiny_data, tmp_path / "killed", objective, execution=probe, stop_after_steps=5)
-    payload = {k: (str(v) if hasattr(v, "parts") else v) for k, v in job.__dict__.items()}
-    payload["eval_manifests"] = {k: str(v) for k, v in job.eval_manifests.items()}
-    proc = subprocess.run([sys.executable, "-c", KILL_SCRIPT, json.dumps(payload)], capture_output=True, text=True)
+    job = make_job(tiny_data, tmp_path / "killed", objective, execution=probe)
+    proc = run_with_faults(job, {"kill_after_step": 5})
     assert proc.returncode == -9, proc.stderr
     assert torch.load(job.checkpoint_dir / "last.pt", weights_only=True)["state"]["step"] == 4
-    job.stop_after_steps = None
     resumed = train(job)
     assert resumed["resumed_from_step"] == 4
     assert [h["weights_sha256"] for h in resumed["history"]] == [h["weights_sha256"] for h in reference["history"]]

@@ -27,7 +27,7 @@ from hnclip.provenance import audit as audit_module
 from hnclip.provenance.lineage import iter_nodes, lineage
 from hnclip.report import build, tables
 from hnclip.steps.evaluate import evaluate_run
-from hnclip.training import loop
+from hnclip.training import epoch_eval, loop
 from hnclip.training.jobs import finetune_job
 
 # Per evaluation call (the initial weights, then epochs 1..3): (Recall@1, Recall@5) in both directions.
@@ -67,7 +67,7 @@ def _job(tiny_data, out, metric="mean_r1") -> loop.TrainJob:
 # ---- training: the selected epoch's weights ------------------------------------------------------
 @pytest.mark.parametrize("metric", ["mean_r1", "rsum"])
 def test_selected_checkpoint_holds_the_best_epoch_not_the_last(tiny_data, tmp_path, monkeypatch, metric):
-    monkeypatch.setattr(loop, "evaluate_model", ScriptedEvaluation())
+    monkeypatch.setattr(epoch_eval, "evaluate_model", ScriptedEvaluation())
     job = _job(tiny_data, tmp_path, metric)
     record = train_and_read(job)
     epoch = SELECTED[metric]
@@ -77,8 +77,26 @@ def test_selected_checkpoint_holds_the_best_epoch_not_the_last(tiny_data, tmp_pa
     selected = job.out_dir / "model_selected.pt"
     assert _digest(selected) == weights[epoch] != weights[3] == _digest(job.out_dir / "model.pt")
     assert record["outputs"]["model_selected"] == {"path": str(selected), "sha256": sha256_file(selected)}
+    assert not job.checkpoint_dir.exists()  # a finished run's resume area is cleared (retention)
+
+
+def test_keep_resume_checkpoints_keeps_the_resume_area(tiny_data, tmp_path, monkeypatch):
+    monkeypatch.setattr(epoch_eval, "evaluate_model", ScriptedEvaluation())
+    job = dataclasses.replace(_job(tiny_data, tmp_path),
+                              execution={**EXECUTION, "keep_resume_checkpoints": True})
+    record = train_and_read(job)
+    epoch = record["selected_checkpoint"]["epoch"]
     # keep_epoch_weights is off: the resume area holds the selected epoch's weights, not every epoch's
     assert sorted(p.name for p in job.checkpoint_dir.glob("*.pt")) == ["last.pt", f"selected_epoch_{epoch:02d}.pt"]
+
+
+def test_retention_keeps_the_epoch_weights_asked_for(tiny_data, tmp_path, monkeypatch):
+    monkeypatch.setattr(epoch_eval, "evaluate_model", ScriptedEvaluation())
+    job = dataclasses.replace(_job(tiny_data, tmp_path), execution={**EXECUTION, "keep_epoch_weights": True})
+    record = train_and_read(job)
+    assert sorted(p.name for p in job.checkpoint_dir.iterdir()) == ["epoch_01.pt", "epoch_02.pt", "epoch_03.pt"]
+    weights = {h["epoch"]: h["weights_sha256"] for h in record["history"]}
+    assert {e: _digest(job.checkpoint_dir / f"epoch_{e:02d}.pt") for e in weights} == weights
 
 
 def train_and_read(job: loop.TrainJob) -> dict:
@@ -87,11 +105,11 @@ def train_and_read(job: loop.TrainJob) -> dict:
 
 
 def test_a_resume_keeps_the_epoch_selected_before_the_interruption(tiny_data, tmp_path, monkeypatch):
-    monkeypatch.setattr(loop, "evaluate_model", ScriptedEvaluation())
+    monkeypatch.setattr(epoch_eval, "evaluate_model", ScriptedEvaluation())
     reference = train_and_read(_job(tiny_data, tmp_path / "uninterrupted"))
 
-    monkeypatch.setattr(loop, "evaluate_model", ScriptedEvaluation())  # one script across both attempts
-    real_backward, steps = loop._micro_batch_backward, {"n": 0}
+    monkeypatch.setattr(epoch_eval, "evaluate_model", ScriptedEvaluation())  # one script across both attempts
+    real_backward, steps = loop.group_backward, {"n": 0}
 
     def interrupted(*args, **kwargs):
         steps["n"] += 1
@@ -99,22 +117,24 @@ def test_a_resume_keeps_the_epoch_selected_before_the_interruption(tiny_data, tm
             raise KeyboardInterrupt
         return real_backward(*args, **kwargs)
 
-    monkeypatch.setattr(loop, "_micro_batch_backward", interrupted)
+    monkeypatch.setattr(loop, "group_backward", interrupted)
     job = _job(tiny_data, tmp_path / "interrupted")
     with pytest.raises(KeyboardInterrupt):
         loop.train(job)
     assert not job.out_dir.exists()
     assert (job.checkpoint_dir / "selected_epoch_02.pt").is_file()  # epoch 2, the best so far, in the resume area
+    monkeypatch.setattr(loop, "group_backward", real_backward)
 
-    monkeypatch.setattr(loop, "_micro_batch_backward", real_backward)
+    bare = dataclasses.replace(job, checkpoint_dir=tmp_path / "bare")  # a resume area that lost them is refused
+    shutil.copytree(job.checkpoint_dir, bare.checkpoint_dir)
+    (bare.checkpoint_dir / "selected_epoch_02.pt").unlink()
+    with pytest.raises(StaleArtifactError, match="weights of epoch 2, selected on docci, are not in"):
+        loop.train(bare)
+
     resumed = train_and_read(job)
     assert resumed["resumed_from_step"] == 6 and resumed["selected_checkpoint"]["epoch"] == 2
     assert resumed["selected_checkpoint"] == reference["selected_checkpoint"]
     assert _digest(job.out_dir / "model_selected.pt") == reference["history"][1]["weights_sha256"]
-
-    (job.checkpoint_dir / "selected_epoch_02.pt").unlink()  # a resume area that lost them is refused
-    with pytest.raises(StaleArtifactError, match="weights of epoch 2, selected on docci, are not in"):
-        loop.train(job)
 
 
 def test_own_benchmark_is_the_first_in_domain_benchmark(params):
@@ -144,7 +164,7 @@ def a7_project(params, tmp_path, monkeypatch) -> dict:
     assert job.selection_benchmark == "docci"
     job = dataclasses.replace(job, init_kind="scratch", init_path=None, eval_cache_dir=None,
                               execution={**job.execution, "grad_probe_every": 0})
-    monkeypatch.setattr(loop, "evaluate_model", ScriptedEvaluation())
+    monkeypatch.setattr(epoch_eval, "evaluate_model", ScriptedEvaluation())
     loop.train(job)
     for other in reg.cells("tableA7"):
         if other.run_id and other.run_id != cell.run_id:

@@ -77,7 +77,7 @@ def cmd_pretrain(args) -> int:
 
 def cmd_train(args) -> int:
     from hnclip.steps.train import train_run
-    record = train_run(_registry(args), args.run, stop_after_steps=args.stop_after_steps)
+    record = train_run(_registry(args), args.run)
     print(f"trained {args.run}: {record['optimizer_steps']} steps in {record['wall_time_s']:.1f}s")
     return 0
 
@@ -141,6 +141,14 @@ def cmd_overlap(args) -> int:
     return 0
 
 
+def cmd_plan(args) -> int:
+    from hnclip.report.plan import build_plan, format_plan
+    args.profile = args.plan_profile or args.profile
+    plan = build_plan(_registry(args), rates=args.rates, partition_limit=args.partition_limit)
+    print(format_plan(plan), end="")
+    return 1 if plan.over_limit() else 0
+
+
 def cmd_lineage(args) -> int:
     from hnclip.provenance.lineage import format_lineage, lineage, lineage_json
     chain = lineage(Path(args.table_file), args.cell, root=Path("."))
@@ -199,7 +207,6 @@ def build_parser() -> argparse.ArgumentParser:
     p = verb("train", cmd_train, "train one run (resumes from its last checkpoint; torchrun for several GPUs)")
     # --run-id: torchrun's own parser takes `--run` for an abbreviation of its `--run-path`
     p.add_argument("--run", "--run-id", dest="run", required=True)
-    p.add_argument("--stop-after-steps", type=int, default=None, help=argparse.SUPPRESS)
     p = verb("evaluate", cmd_evaluate, "evaluate one run on one benchmark (best and last epoch)")
     p.add_argument("--run", required=True)
     p.add_argument("--benchmark", required=True)
@@ -221,6 +228,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--test", default="urban1k")
     p.add_argument("--max-distance", type=int, default=32, help="Hamming distance of 256-bit pHashes")
     p.add_argument("--drop", action="store_true", help="also write <train>/train.dedup.jsonl without the overlaps")
+    p = verb("plan", cmd_plan, "what a profile costs before it runs: jobs, images, GPU-hours, peak disk, critical "
+                               "path and SLURM time limits (exit 1 if a job exceeds the partition limit)")
+    p.add_argument("--profile", dest="plan_profile", default=None, help="the profile to plan (default: the active one)")
+    p.add_argument("--rates", default=None, metavar="FILE",
+                   help="throughput JSON lines of benchmarks/throughput.py (default: params.yaml planning.rates, "
+                        "the paper's Table A3)")
+    p.add_argument("--partition-limit", default=None, metavar="TIME",
+                   help="the partition's longest time limit, minutes or D-HH:MM:SS (default: planning.partition_limit)")
     p = verb("lineage", cmd_lineage, "trace one table cell back to raw data, initial weights and commits")
     p.add_argument("table_file", help="results/tables/<table>.csv (or .md, .tex, .provenance.json)")
     p.add_argument("--cell", required=True,

@@ -1,5 +1,9 @@
 """A small training job's spec and settings, shared by the training-loop tests (single-process,
 extensions, multi-process)."""
+import json
+import os
+import subprocess
+import sys
 import textwrap
 
 SPEC = {
@@ -22,3 +26,12 @@ KILL_SCRIPT = textwrap.dedent("""
                       "checkpoint_dir": Path(args["checkpoint_dir"]),
                       "eval_manifests": {k: Path(v) for k, v in args["eval_manifests"].items()}}))
 """)
+
+
+def run_with_faults(job, faults: dict) -> subprocess.CompletedProcess:
+    """Train `job` in a fresh process with HNCLIP_FAULTS set (e.g. {"kill_after_step": 5})."""
+    payload = {k: (str(v) if hasattr(v, "parts") else v) for k, v in job.__dict__.items()}
+    payload["eval_manifests"] = {k: str(v) for k, v in job.eval_manifests.items()}
+    env = {**os.environ, "HNCLIP_FAULTS": json.dumps(faults)}
+    return subprocess.run([sys.executable, "-c", KILL_SCRIPT, json.dumps(payload)], capture_output=True, text=True,
+                          env=env)

@@ -1,5 +1,7 @@
 # The baselines' auxiliary inputs of each training set, each its own job: GOAL's LISM segment
 # pairs, and StructXLIP's edge maps (of the images and of their top matched segments).
+# Both are built in resumable shards kept in <index>.shards/ beside the index: not an output, so a
+# failed or killed job's retry skips the finished shards; the shards are removed once the index is written.
 
 
 def auxiliary_segment_inputs(wildcards):
@@ -22,6 +24,7 @@ rule auxiliary_segments:
     threads: EXECUTION["threads"]
     resources:
         gpu=USES_GPU,
+        runtime=planned_runtime("auxiliary_segments", "{dataset}"),
     shell:
         f"{HNCLIP} --threads {{threads}} auxiliary segments --dataset {{wildcards.dataset}} > {{log}} 2>&1"
 
@@ -39,5 +42,7 @@ rule auxiliary_edges:
         f"logs/{PROFILE}/auxiliary/{{dataset}}.edges.log",
     benchmark:
         f"logs/{PROFILE}/auxiliary/{{dataset}}.edges.benchmark.tsv"
+    resources:
+        runtime=planned_runtime("auxiliary_edges", "{dataset}"),
     shell:
         f"{HNCLIP} auxiliary edges --dataset {{wildcards.dataset}} > {{log}} 2>&1"

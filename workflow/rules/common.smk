@@ -136,6 +136,7 @@ def all_targets():
 
 # ---- DVC metrics and plots; threads, memory and GPU slots -----------------------------------------
 from hnclip.report import metrics as dvc_metrics  # where `hnclip metrics` writes (rule metrics)
+from hnclip.report.plan import build_plan, evaluation_encodes as encodes
 
 # Pretraining (the embedded backbone's) runs alone at the head of the DAG, on a fixed number of
 # threads rather than all cores: its float reductions depend on the thread count, so the initial
@@ -143,13 +144,25 @@ from hnclip.report import metrics as dvc_metrics  # where `hnclip metrics` write
 # profile books as many CPUs.
 PRETRAIN_THREADS = 8
 PRETRAIN_MEM_MB = 4000
+# The cost plan (`hnclip plan` prints it): each computing job's images at stated rates. Its estimate
+# gives the SLURM time limit of the rules that run models (`runtime=planned_runtime(...)`) and the host
+# memory of the model-bound ones (from the parameter count). A job over params.yaml's
+# planning.partition_limit is reported here, before anything is submitted, and booked at that limit.
+PLAN = build_plan(REG)
+if workflow.is_main_process:
+    for line in PLAN.partition_warnings():
+        print(line, file=sys.stderr)
+
+
+def planned_runtime(rule, key):
+    """A rule's `runtime` (minutes) from the plan, for job `<rule>:<key>` (key: a wildcards pattern)."""
+    return lambda wildcards, attempt: PLAN.time_limit_min(f"{rule}:{key.format(**dict(wildcards.items()))}", attempt)
+
+
 # Host memory (MB) a job may use: what `--resources mem_mb=<RAM>` budgets on one machine and what a
-# cluster executor books (the SLURM profile's set-resources carry the paper-scale values again, and a
-# test keeps the two equal). Model-bound jobs scale with the backbone; `dataset` with the data kind.
-MEM_MB = {
-    "longclip": {"train": 64000, "evaluate": 32000, "caption_stats": 32000},
-    "pretrained_here": {"train": 4000, "evaluate": 3000, "caption_stats": 3000},
-}[BACKBONE_SPEC["kind"]]
+# cluster executor books (the SLURM profile's set-resources carry the paper profile's values again, and
+# tests keep them equal). Model-bound jobs: the plan's estimate; `dataset` scales with the data kind.
+MEM_MB = PLAN.host_mem_mb()
 DATASET_MEM_MB = {"real": 16000, "synthetic": 2000}  # unpacking and converting a download vs generating
 LIGHT_MEM_MB = 1000  # a job that reads JSON records
 
@@ -159,11 +172,9 @@ def dataset_mem_mb(wildcards):
 
 
 def evaluation_encodes(wildcards):
-    """Does `hnclip evaluate` load and run a model here (hnclip.steps.evaluate)? Only for the
-    zero-shot backbone and for benchmarks outside the run's training-time evaluation; otherwise it
-    selects from the training record."""
-    run = wildcards.run
-    return REG.is_zeroshot(run) or wildcards.benchmark not in REG.eval_benchmarks(REG.run(run).train_set)
+    """Does `hnclip evaluate` load and run a model here? Only for the zero-shot backbone and for
+    benchmarks outside the run's training-time evaluation; otherwise it selects from the training record."""
+    return encodes(REG, wildcards.run, wildcards.benchmark)
 
 
 def evaluation_gpu(wildcards):

@@ -19,5 +19,6 @@ rule evaluate:
     resources:  # a GPU slot and the model's memory only where it encodes
         gpu=evaluation_gpu,
         mem_mb=evaluation_mem_mb,
+        runtime=planned_runtime("evaluate", "{run}/{benchmark}"),
     shell:
         f"{HNCLIP} --threads {{threads}} evaluate --run {{wildcards.run}} --benchmark {{wildcards.benchmark}} > {{log}} 2>&1"

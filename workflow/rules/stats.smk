@@ -16,6 +16,7 @@ rule caption_stats:
     resources:  # encodes on the profile's device, in a GPU slot
         gpu=USES_GPU,
         mem_mb=MEM_MB["caption_stats"],
+        runtime=planned_runtime("caption_stats", "{benchmark}"),
     shell:
         f"{HNCLIP} --threads {{threads}} stats --benchmark {{wildcards.benchmark}} > {{log}} 2>&1"
 

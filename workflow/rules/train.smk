@@ -29,5 +29,6 @@ rule train:
     resources:
         gpu=USES_GPU * GPUS_PER_RUN,
         mem_mb=MEM_MB["train"],
+        runtime=planned_runtime("train", "{run}"),  # minutes: SLURM's time limit, from `hnclip plan`
     shell:
         f"{TRAIN_LAUNCHER} --threads {{threads}} train --run-id {{wildcards.run}} > {{log}} 2>&1"

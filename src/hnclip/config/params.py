@@ -42,6 +42,20 @@ def _key_path(error: jsonschema.ValidationError) -> str:
     return ".".join(str(part) for part in error.absolute_path) or "<top level>"
 
 
+def _declared_keys(schema: dict, root: dict) -> list[str]:
+    """The keys an object schema declares: its own `properties` and those of the schemas it refers to
+    (a local `$ref`) or combines (`allOf`), which `unevaluatedProperties` counts as known."""
+    keys = list(schema.get("properties", {}))
+    if schema.get("$ref", "").startswith("#/"):
+        target = root
+        for part in schema["$ref"][2:].split("/"):
+            target = target[part]
+        keys += _declared_keys(target, root)
+    for part in schema.get("allOf", []):
+        keys += _declared_keys(part, root)
+    return sorted(set(keys))
+
+
 def _allowed_values(error: jsonschema.ValidationError) -> str:
     schema = error.schema if isinstance(error.schema, dict) else {}
     if "enum" in schema:
@@ -55,9 +69,12 @@ def _allowed_values(error: jsonschema.ValidationError) -> str:
     return ""
 
 
-def _describe(error: jsonschema.ValidationError) -> str:
+def _describe(error: jsonschema.ValidationError, root: dict) -> str:
     # best_match descends into oneOf/anyOf sub-errors to the one that most likely names the mistake
     error = best_match([error])
+    if error.validator == "unevaluatedProperties":  # a closed object made of several schemas
+        known = _declared_keys(error.schema, root)
+        return f"{_key_path(error)}: unknown key(s) {sorted(set(error.instance) - set(known))}, allowed keys: {known}"
     allowed = _allowed_values(error)
     if allowed and allowed.split(": ", 1)[1] in error.message:
         allowed = ""  # jsonschema's own message already lists them
@@ -72,7 +89,7 @@ def validate_params(params: Any, schema_path: str | Path | None = None) -> None:
     schema = read_yaml(schema_path.read_text())
     errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(params), key=lambda e: len(e.path))
     if errors:
-        lines = [_describe(error) for error in errors[:MAX_REPORTED]]
+        lines = [_describe(error, schema) for error in errors[:MAX_REPORTED]]
         if len(errors) > MAX_REPORTED:
             lines.append(f"and {len(errors) - MAX_REPORTED} more")
         raise ParamsError("params.yaml: " + ";\n".join(lines))

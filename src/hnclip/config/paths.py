@@ -27,6 +27,13 @@ def auxiliary_index(data_root: str, dataset: str, kind: str) -> Path:
     return auxiliary_dir(data_root, dataset, kind) / f"{kind}.jsonl"
 
 
+def shard_dir(output: str | Path) -> Path:
+    """The resume area of a sharded build of `output` (`<output>.shards/`, beside it): not a Snakemake
+    output, so it survives a failed job; removed once `output` is written (hnclip.data.auxiliary.shards)."""
+    output = Path(output)
+    return output.with_name(output.name + ".shards")
+
+
 def backbone_dir(name: str) -> Path:
     """A backbone pretrained here is a run of its own: model.pt, train.json, steps.jsonl."""
     return RESULTS / "backbones" / name

@@ -21,17 +21,16 @@ from hnclip.config.constants import (
     RUNNABLE_FRAMEWORKS,
     TRAINED_FRAMEWORKS,
 )
+from hnclip.config.objective_keys import ZEROSHOT_FRAMEWORK, margin_source, misplaced_options, run_objective
 from hnclip.config.params import ParamsError, validate_params
 from hnclip.errors import UnknownNameError
 from hnclip.hashing import canonical_json, json_sha256
 
-OBJECTIVE_KEYS = ("framework", "gamma", "lambda_tok", "margin")
-# Optional objective keys (Table X1's controls): part of a run's identity only when set to a value other
-# than their default, so every run that does not use them keeps its id.
-OPTIONAL_OBJECTIVE_KEYS = {"margin_control": "none"}
-# Frameworks this pipeline trains. `none` is evaluated as released (zero-shot); the machinery
-# baselines (finelip, goal, structxlip) keep their table rows, marked not implemented yet.
-ZEROSHOT = "none"
+# The objective's keys, their defaults and which of them identify a run: hnclip.config.objective_keys.
+# Every framework of params.yaml is trained here (RUNNABLE_FRAMEWORKS, the machinery baselines included)
+# but `none`, which is evaluated as released (zero-shot). A cell whose framework the trainer cannot run
+# would have no run and the status NOT_IMPLEMENTED.
+ZEROSHOT = ZEROSHOT_FRAMEWORK
 NOT_IMPLEMENTED = "not implemented yet"
 GRADIENT_FIGURE_KINDS = {"gradient_dynamics", "gradient_dynamics_grid"}  # drawn from grad_probe.jsonl
 
@@ -90,7 +89,7 @@ def method_recipe(recipe: dict, method: dict) -> dict:
 def _check_trained_only(where: str, method: dict) -> None:
     """Table X1's controls (a margin control, one softmax over the accumulation group) are options of
     the HN-CLIP objective's trainer: a baseline framework would silently ignore them."""
-    options = [key for key, default in OPTIONAL_OBJECTIVE_KEYS.items() if method.get(key, default) != default]
+    options = misplaced_options(method)
     options += ["recipe.exact_batch"] if method.get("recipe", {}).get("exact_batch") else []
     if options and method["framework"] not in TRAINED_FRAMEWORKS:
         raise ParamsError(f"params.yaml: {where}: {', '.join(options)} is available for the frameworks "
@@ -121,7 +120,7 @@ def make_run_id(spec: dict) -> tuple[str, str]:
     digest = json_sha256(spec)
     obj = spec["objective"]
     prefix = "" if obj["framework"] == "full" else f"{obj['framework']}-"
-    margin = obj["margin"] + (f"-{obj['margin_control']}" if "margin_control" in obj else "")
+    margin = margin_source(obj) + (f"-{obj['margin_control']}" if "margin_control" in obj else "")
     batch = "-exact" if spec["recipe"].get("exact_batch") else ""  # one softmax over the accumulation group
     readable = (f"{spec['train_set']}-{prefix}g{_fmt(obj['gamma'])}-tok{_fmt(obj['lambda_tok'])}"
                 f"-{margin}{batch}-f{_fmt(spec['fraction'])}-s{spec['seed']}")
@@ -338,12 +337,9 @@ class Registry:
             "fraction": float(fraction),
             "seed": int(seed),
             "init": self.init_spec(),
-            "objective": {key: objective[key] for key in OBJECTIVE_KEYS},
+            "objective": run_objective(objective),
             "recipe": method_recipe(self.profile["recipe"], objective),
         }
-        if objective["gamma"] > 0:  # at gamma 0 there is no margin to control: the run is InfoNCE's
-            spec["objective"].update({key: objective[key] for key, default in OPTIONAL_OBJECTIVE_KEYS.items()
-                                      if objective.get(key, default) != default})
         framework = objective["framework"]
         costs = {}
         if framework in BASELINE_FRAMEWORKS:  # its protocol settings and the auxiliary inputs it reads
@@ -352,8 +348,6 @@ class Registry:
             spec["objective"]["settings"] = settings
             aux = self.profile.get("auxiliary", {})
             spec["auxiliary"] = {name: aux.get(name) for name in AUXILIARY_INPUTS.get(framework, ())}
-        spec["objective"]["gamma"] = float(spec["objective"]["gamma"])
-        spec["objective"]["lambda_tok"] = float(spec["objective"]["lambda_tok"])
         run_id, digest = make_run_id(spec)
         if not register:
             return self._runs.get(run_id, RunSpec(run_id, spec, digest))

@@ -4,9 +4,10 @@ objective of one batch (`objective`, whose pieces the baselines' objectives shar
 from hnclip.losses.contrastive import (
            MARGIN_CONTROLS,
            ContrastiveLoss,
-           HNClipLoss,
            constant_margins,
+           hn_logits,
            hn_loss,
+           infonce_logits,
            infonce_loss,
            margin_matrix,
            shuffled_margins,
@@ -18,7 +19,7 @@ from hnclip.losses.token import (
            token_alignment_loss,
 )
 
-__all__ = ["ContrastiveLoss", "HNClipLoss", "hn_loss", "infonce_loss", "margin_matrix", "MARGIN_CONTROLS",
-           "constant_margins", "shuffled_margins",
+__all__ = ["ContrastiveLoss", "hn_loss", "infonce_loss", "hn_logits", "infonce_logits", "margin_matrix",
+           "MARGIN_CONTROLS", "constant_margins", "shuffled_margins",
            "TokenAlignmentLoss", "late_interaction_similarities", "token_alignment_loss",
            "GradCache", "gradcache_backward", "split_micro_batches"]

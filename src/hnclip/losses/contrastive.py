@@ -1,10 +1,14 @@
 """Global contrastive objectives, following open_clip's ClipLoss contract.
 
-`forward(image_features, text_features, logit_scale, ..., output_dict=False)` takes L2-normalized
-features and the *exponentiated* logit scale s, and returns the scalar loss or a dict of named
-terms that the trainer sums.
+The losses take L2-normalized features and the *exponentiated* logit scale s: `infonce_loss` is the
+symmetric InfoNCE of paper Eq. 1, `hn_loss` is L_HN of Eq. 2. Each is the symmetric cross-entropy of its
+logits (`infonce_logits`, `hn_logits`), which the gradient probe differentiates through. A run's objective
+(params.yaml's keys, `hnclip.config.objective_keys`) is turned into these calls in one place,
+`hnclip.losses.objective.global_logits`, for the trainer and the probe alike.
 
-Margin controls (beyond the paper, Table X1): `constant` gives every negative the same margin,
+Names: the *margin features* are the text features G is the cosine matrix of (the live text features,
+or those of a frozen initial text tower); `margin_matrix` gives the margins gamma * G_bar or a
+*margin control* of them (beyond the paper, Table X1): `constant` gives every negative the same margin,
 gamma * mean(G_bar off-diagonal) of its batch (an AM-softmax-style fixed margin); `shuffled` permutes
 the caption pairs' margins within the batch (the same margins, no longer on the pairs whose captions
 are similar). Both keep the diagonal at 0.
@@ -15,73 +19,88 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hnclip.config.objective_keys import MARGIN_CONTROLS
 
-def _symmetric_cross_entropy(logits: torch.Tensor) -> torch.Tensor:
+
+def symmetric_cross_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """The mean of the image-to-text and text-to-image cross-entropies, the diagonal being the positives."""
     targets = torch.arange(logits.shape[0], device=logits.device)
     return (F.cross_entropy(logits, targets) + F.cross_entropy(logits.t(), targets)) / 2
 
 
-MARGIN_CONTROLS = ("none", "constant", "shuffled")
-
-
-def margin_matrix(margin_text_features: torch.Tensor, gamma: float, control: str = "none",
+def margin_matrix(margin_features: torch.Tensor, gamma: float, margin_control: str = "none",
                   generator: torch.Generator | None = None) -> torch.Tensor:
     """gamma * G_bar: detached text-text cosine with a zero diagonal (paper Eq. 2), or one of its
     controls (`constant_margins`, `shuffled_margins`; `generator` draws the shuffle)."""
     # At least fp32 (bf16 features under autocast), never lower than the input's precision.
-    feats = margin_text_features.detach()
+    feats = margin_features.detach()
     feats = F.normalize(feats.to(torch.promote_types(feats.dtype, torch.float32)), dim=-1)
-    boost = gamma * (feats @ feats.t())
-    boost.fill_diagonal_(0.0)
-    if control == "none":
-        return boost
-    if control == "constant":
-        return constant_margins(boost)
-    if control == "shuffled":
+    margins = gamma * (feats @ feats.t())
+    margins.fill_diagonal_(0.0)
+    if margin_control == "none":
+        return margins
+    if margin_control == "constant":
+        return constant_margins(margins)
+    if margin_control == "shuffled":
         if generator is None:
             raise ValueError("shuffled margins need a generator (the run seed and the micro-batch's position)")
-        return shuffled_margins(boost, generator)
-    raise ValueError(f"unknown margin control {control!r}; allowed values: {MARGIN_CONTROLS}")
+        return shuffled_margins(margins, generator)
+    raise ValueError(f"unknown margin control {margin_control!r}; allowed values: {list(MARGIN_CONTROLS)}")
 
 
-def constant_margins(boost: torch.Tensor) -> torch.Tensor:
+def constant_margins(margins: torch.Tensor) -> torch.Tensor:
     """Every off-diagonal entry replaced by the mean of the off-diagonal entries; the diagonal 0."""
-    n = boost.shape[0]
-    off_diagonal = ~torch.eye(n, dtype=torch.bool, device=boost.device)
-    mean = boost[off_diagonal].mean() if n > 1 else boost.new_zeros(())
-    return torch.where(off_diagonal, mean, torch.zeros_like(boost))
+    n = margins.shape[0]
+    off_diagonal = ~torch.eye(n, dtype=torch.bool, device=margins.device)
+    mean = margins[off_diagonal].mean() if n > 1 else margins.new_zeros(())
+    return torch.where(off_diagonal, mean, torch.zeros_like(margins))
 
 
-def shuffled_margins(boost: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+def shuffled_margins(margins: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """The caption pairs' margins permuted among the pairs: the upper triangle's values are shuffled
     (a permutation drawn from the CPU `generator`) and mirrored, so the result stays symmetric like
     G, keeps the multiset of off-diagonal values and a zero diagonal, and no longer ties a margin to
     the pair whose captions are similar."""
-    n = boost.shape[0]
-    rows, cols = torch.triu_indices(n, n, offset=1, device=boost.device)
-    values = boost[rows, cols]
-    order = torch.randperm(values.numel(), generator=generator).to(boost.device)
-    shuffled = torch.zeros_like(boost)
+    n = margins.shape[0]
+    rows, cols = torch.triu_indices(n, n, offset=1, device=margins.device)
+    values = margins[rows, cols]
+    order = torch.randperm(values.numel(), generator=generator).to(margins.device)
+    shuffled = torch.zeros_like(margins)
     shuffled[rows, cols] = values[order]
     shuffled[cols, rows] = values[order]
     return shuffled
 
 
+def infonce_logits(image_features: torch.Tensor, text_features: torch.Tensor,
+                   logit_scale: torch.Tensor | float) -> torch.Tensor:
+    """s * S: the scaled image-text cosine similarities."""
+    return logit_scale * image_features @ text_features.t()
+
+
+def hn_logits(image_features: torch.Tensor, text_features: torch.Tensor, logit_scale: torch.Tensor | float,
+              gamma: float, margin_features: torch.Tensor | None = None, margin_control: str = "none",
+              generator: torch.Generator | None = None) -> torch.Tensor:
+    """s * (S + gamma * G_bar) (or a margin control of G_bar); G is that of the `text_features` themselves
+    (the live encoder's) unless other `margin_features` are given (e.g. a frozen initial text tower's)."""
+    sims = image_features @ text_features.t()
+    margins = margin_matrix(text_features if margin_features is None else margin_features, gamma,
+                            margin_control, generator)
+    return logit_scale * (sims + margins.to(sims.dtype))
+
+
 def infonce_loss(image_features: torch.Tensor, text_features: torch.Tensor,
                  logit_scale: torch.Tensor | float) -> torch.Tensor:
     """Symmetric InfoNCE (paper Eq. 1) on the batch."""
-    return _symmetric_cross_entropy(logit_scale * image_features @ text_features.t())
+    return symmetric_cross_entropy(infonce_logits(image_features, text_features, logit_scale))
 
 
-def hn_loss(image_features: torch.Tensor, text_features: torch.Tensor,
-            logit_scale: torch.Tensor | float, gamma: float,
-            margin_text_features: torch.Tensor | None = None, control: str = "none",
+def hn_loss(image_features: torch.Tensor, text_features: torch.Tensor, logit_scale: torch.Tensor | float,
+            gamma: float, margin_features: torch.Tensor | None = None, margin_control: str = "none",
             generator: torch.Generator | None = None) -> torch.Tensor:
-    """L_HN (paper Eq. 2): InfoNCE on logits s * (S + gamma * G_bar) (or a margin control of G_bar)."""
-    margin_source = text_features if margin_text_features is None else margin_text_features
-    sims = image_features @ text_features.t()
-    boost = margin_matrix(margin_source, gamma, control, generator).to(sims.dtype)
-    return _symmetric_cross_entropy(logit_scale * (sims + boost))
+    """L_HN (paper Eq. 2): InfoNCE on the logits s * (S + gamma * G_bar) (`hn_logits`); the positive must
+    beat each negative j by gamma * G_ij. gamma = 0 is exactly InfoNCE."""
+    return symmetric_cross_entropy(hn_logits(image_features, text_features, logit_scale, gamma, margin_features,
+                                             margin_control, generator))
 
 
 class ContrastiveLoss(nn.Module):
@@ -89,24 +108,4 @@ class ContrastiveLoss(nn.Module):
 
     def forward(self, image_features, text_features, logit_scale, output_dict: bool = False, **_):
         loss = infonce_loss(image_features, text_features, logit_scale)
-        return {"contrastive_loss": loss} if output_dict else loss
-
-
-class HNClipLoss(nn.Module):
-    """Text-similarity-boosted InfoNCE: the positive must beat each negative j by gamma * G_ij.
-
-    G is the cosine matrix of `margin_text_features` (by default the live `text_features`,
-    i.e. recomputed from the current encoder every step), detached and with its diagonal zeroed.
-    gamma = 0 is exactly InfoNCE.
-    """
-
-    def __init__(self, gamma: float = 0.5):
-        super().__init__()
-        if gamma < 0:
-            raise ValueError(f"gamma must be >= 0, got {gamma}")
-        self.gamma = float(gamma)
-
-    def forward(self, image_features, text_features, logit_scale, margin_text_features=None,
-                output_dict: bool = False):
-        loss = hn_loss(image_features, text_features, logit_scale, self.gamma, margin_text_features)
         return {"contrastive_loss": loss} if output_dict else loss

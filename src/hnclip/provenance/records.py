@@ -18,7 +18,9 @@ def git_state(root: str | Path = ".") -> dict:
         return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
     try:
         commit = git("rev-parse", "HEAD")
-        # Outputs (results/, figures/, data/) are ignored; only tracked or untracked source changes count.
+        # Dirty: a tracked file differs from the commit (staged or not). Untracked files do not count
+        # (--untracked-files=no): a new file no tracked code imports cannot change an output; outputs
+        # (results/, figures/, data/) are ignored by git anyway.
         dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
         return {"commit": commit, "dirty": dirty}
     except (OSError, subprocess.CalledProcessError):

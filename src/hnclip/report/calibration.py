@@ -2,7 +2,7 @@
 
 A decision rule is fair only if a reproduction whose true accuracies are the paper's own numbers,
 measured on the paper's test sets, is judged `supported` with high probability. `support_rates`
-simulates such reproductions and runs every claim on each (hnclip.report.claims.evaluate, the
+simulates such reproductions and runs every claim on each (hnclip.report.claims_verdicts.judge_claim, the
 scorecard's own code path):
 
 * Retrieval cells: each (table, row, benchmark, direction) gets per-query outcomes at the benchmark's
@@ -34,18 +34,11 @@ import numpy as np
 import pandas as pd
 
 from hnclip.config.registry import NOT_IMPLEMENTED
-from hnclip.report.claims import (
-    PAPER_GEOMETRY,
-    VERDICTS,
-    CellUnavailable,
-    decide,
-    evaluate,
-    paper_cells,
-    paper_conditions,
-    paper_judgement,
-    statistic_draws,
-)
-from hnclip.report.effects import Column
+from hnclip.report.claims_preconditions import paper_conditions
+from hnclip.report.claims_sources import PAPER_GEOMETRY, paper_cells, paper_geometry
+from hnclip.report.claims_statistics import statistic_draws
+from hnclip.report.claims_verdicts import VERDICTS, decide, judge_claim, paper_judgement
+from hnclip.report.effects import CellUnavailable, Column
 from hnclip.report.uncertainty import Bootstrap, BootstrapSettings
 
 EPOCHS = 10
@@ -263,7 +256,6 @@ class SimulatedSource:
 
     def caption_geometry(self, benchmark: str, field: str) -> np.ndarray:
         if field in PAPER_GEOMETRY:
-            from hnclip.report.claims import paper_geometry
             value = paper_geometry(benchmark, field)
         elif field == "in_batch_share_ge_0.8":
             value = IN_BATCH_SHARE_GE_08[benchmark]
@@ -311,7 +303,7 @@ def support_rates(claims: list[dict], n_sims: int = 200, resamples: int = 100, s
     for _ in range(n_sims if single else 0):
         source = SimulatedSource(pool, rng)
         for claim in single:
-            counts[claim["claim_id"]][evaluate(claim, source, conditions, pool.boot)["verdict"]] += 1
+            counts[claim["claim_id"]][judge_claim(claim, source, conditions, pool.boot)["verdict"]] += 1
     rows = [{"claim_id": c["claim_id"], "paper_verdict": paper_judgement(c, conditions)["paper_verdict"],
              **{v: counts[c["claim_id"]][v] / n_sims for v in VERDICTS}} for c in claims]
     return pd.DataFrame(rows)

@@ -6,7 +6,9 @@ edges:    StructXLIP's Canny edge maps of each image and of its top-K matched se
 The segmenter and matcher are the profile's (`profiles.<p>.auxiliary`): in the embedded profile a
 CPU colour-region segmenter and the pretrained tiny backbone; in the paper profile SAM ViT-H and
 CLIP ViT-L/14-336 through transformers, from pinned downloads. Each writes its files under
-<data_root>/<dataset>/auxiliary/<kind>/ and a provenance record beside them.
+<data_root>/<dataset>/auxiliary/<kind>/ and a provenance record beside them. Both builds are
+sharded: a job killed part-way (SLURM time limit, preemption) resumes from the shards in
+<kind>.jsonl.shards/ when rerun (see hnclip.data.auxiliary.shards).
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from hnclip import provenance
 from hnclip.config import paths
 from hnclip.config.registry import Registry
 from hnclip.errors import UnknownNameError
+from hnclip.hashing import file_sha256
 from hnclip.io import write_json
 
 KINDS = ("segments", "edges")
@@ -86,7 +89,10 @@ def _segments(reg: Registry, manifest: Path, out_dir: Path) -> dict:
             encoders = backbone_encoders(backbone, device=device)
         else:
             encoders = hf_clip_encoders(_downloaded(data_root, settings["matcher"]["source"]), device=device)
-        return build_lism(manifest, out_dir, segmenter, encoders, LismSettings(**settings["lism"]))
+        # the model files' content, beyond their paths: a shard made with other weights is not resumed from
+        models = {name: file_sha256(path) for name, path in model_inputs(reg).items()}
+        return build_lism(manifest, out_dir, segmenter, encoders, LismSettings(**settings["lism"]),
+                          fingerprint={"models": models})
 
 
 def _segmenter(settings: dict, data_root: str, device: str):

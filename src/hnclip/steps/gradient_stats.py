@@ -51,7 +51,7 @@ def run_statistics(run: dict, records: list[dict], train_record: dict, threshold
 
 def gradient_statistics(reg: Registry, figure: str) -> Path:
     """Write and return results/stats/<figure>.json."""
-    from hnclip.training.loop import SATURATION_THRESHOLD
+    from hnclip.training.step import SATURATION_THRESHOLD
     started = time.time()
     spec = reg.params["figures"].get(figure)
     if spec is None or spec["kind"] not in GRADIENT_FIGURE_KINDS:

@@ -162,7 +162,7 @@ def _siblings(plan: dict, reads: dict) -> dict:
     from hnclip.data.loader import subset_indices
     from hnclip.data.manifest import read_manifest
     from hnclip.data.synthetic import family_of
-    from hnclip.training.loop import epoch_micro_batches
+    from hnclip.training.batching import epoch_micro_batches
     target, seed, micro = plan["targets"]["sibling_share"], plan["seed"], plan["micro_batch"]
     checks = []
     for role, manifest in plan["train_manifests"].items():
@@ -261,7 +261,7 @@ def _edit_kinds(reg: Registry, plan: dict, reads: dict) -> dict:
 
 def build_regime(reg: Registry) -> list[Path]:
     """Write and return results/stats/regime.json and results/stats/regime.md."""
-    from hnclip.training.loop import SATURATION_THRESHOLD
+    from hnclip.training.step import SATURATION_THRESHOLD
     started = time.time()
     plan = regime_plan(reg)
     reads: dict[str, Path] = {}

@@ -22,7 +22,7 @@ def first_training_batch(n_train: int, micro_batch: int, seed: int, captions: in
     `captions` <= `micro_batch` this is also the first batch a B=`captions` loader would yield
     (both cut the same permutation)."""
     from hnclip.data.loader import subset_indices
-    from hnclip.training.loop import epoch_micro_batches
+    from hnclip.training.batching import epoch_micro_batches
     batches = epoch_micro_batches(subset_indices(n_train, 1.0), micro_batch, seed, epoch=0)
     if not batches:
         raise ValueError(f"{n_train} training pairs is fewer than one micro-batch ({micro_batch})")

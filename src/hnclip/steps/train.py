@@ -4,12 +4,12 @@ from __future__ import annotations
 from hnclip.config.registry import Registry
 
 
-def train_run(reg: Registry, run_id: str, stop_after_steps: int | None = None) -> dict:
+def train_run(reg: Registry, run_id: str) -> dict:
     """Fine-tune one registry run (resuming from its checkpoint); returns its training record."""
     from hnclip.runtime.gpu_slots import acquire_slot
     from hnclip.training.jobs import finetune_job
     from hnclip.training.loop import train
-    job = finetune_job(reg, run_id, stop_after_steps=stop_after_steps)
+    job = finetune_job(reg, run_id)
     with acquire_slot():  # this job's own GPU(s) when Snakemake runs several at once; no-op on CPU/SLURM
         return train(job)
 

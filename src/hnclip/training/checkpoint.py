@@ -11,6 +11,7 @@ import torch
 from hnclip.errors import StaleArtifactError
 from hnclip.io import atomic_path
 from hnclip.training.frameworks import TrainedModel
+from hnclip.training.state import LoopState
 
 
 def checkpoint_path(checkpoint_dir: Path) -> Path:
@@ -23,17 +24,18 @@ def selected_weights_path(checkpoint_dir: Path, epoch: int) -> Path:
     return checkpoint_dir / f"selected_epoch_{epoch:02d}.pt"
 
 
-def save_checkpoint(checkpoint_dir: Path, spec_hash: str, trained: TrainedModel, optimizer, state: dict) -> None:
+def save_checkpoint(checkpoint_dir: Path, spec_hash: str, trained: TrainedModel, optimizer, state: LoopState) -> None:
     """Full runs store the model; adapter runs only the adapters (the frozen base is re-loaded)."""
     payload = {"spec_hash": spec_hash, **trained.checkpoint_state(), "optimizer": optimizer.state_dict(),
-               "state": state, "rng": torch.get_rng_state()}
+               "state": state.as_dict(), "rng": torch.get_rng_state()}
     with atomic_path(checkpoint_path(checkpoint_dir)) as tmp:
         torch.save(payload, tmp)
 
 
 def load_checkpoint(checkpoint_dir: Path, spec_hash: str, trained: TrainedModel, optimizer,
                     records: dict | None = None, origin: dict | None = None) -> dict | None:
-    """Restore weights, optimizer and RNG in place; returns the loop state, or None without a checkpoint.
+    """Restore weights, optimizer and RNG in place; returns the loop state (`LoopState.as_dict`), or None
+    without a checkpoint.
 
     `records`: the settings that shape the run's records but not its weights (per-epoch evaluation,
     gradient probe, timed costs). A checkpoint written under other ones cannot give the records now

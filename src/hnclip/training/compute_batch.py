@@ -24,7 +24,6 @@ paper's shapes); the encoder activations of the large forward dominate.
 """
 from __future__ import annotations
 
-import gc
 from collections.abc import Callable
 from dataclasses import fields
 
@@ -32,19 +31,12 @@ import torch
 
 from hnclip.losses.objective import Autocast, MarginKey, frozen_margin_features, group_terms
 from hnclip.models.towers import Encoded, encode_batch
-from hnclip.runtime.device import empty_cache
+from hnclip.training.memory import micro_batches_per_forward
 
 MicroBatch = tuple[torch.Tensor, torch.Tensor]  # (images, tokens), on the device
 # (encoded rows of one group, exponentiated logit scale, objective, frozen-G features or None) -> named terms;
 # given margin keys, the group's key comes as a fifth argument (`group_terms` takes it)
 GroupTerms = Callable[..., dict[str, torch.Tensor]]
-
-
-def micro_batches_per_forward(compute_batch: int, micro_batch: int) -> int:
-    """How many micro-batches one forward encodes; compute_batch must be a positive multiple of micro_batch."""
-    if micro_batch < 1 or compute_batch < micro_batch or compute_batch % micro_batch:
-        raise ValueError(f"compute_batch ({compute_batch}) must be a positive multiple of micro_batch ({micro_batch})")
-    return compute_batch // micro_batch
 
 
 def encoded_rows(encoded: Encoded, rows: slice) -> Encoded:
@@ -55,12 +47,13 @@ def encoded_rows(encoded: Encoded, rows: slice) -> Encoded:
 
 def compute_batch_backward(model, batches: list[MicroBatch], objective: dict, frozen_text, autocast: Autocast,
                            check: Callable[[dict], None], compute_batch: int, micro_batch: int,
-                           terms: GroupTerms = group_terms, margin_keys: list[MarginKey] | None = None) -> list[dict]:
+                           terms: GroupTerms = group_terms, margin_keys: list[MarginKey] | None = None,
+                           before_forward: Callable[[int], None] = lambda pairs: None) -> list[dict]:
     """Accumulate one accumulation group's gradient into .grad, encoding `compute_batch` pairs per
     forward; returns one record of float loss terms per micro-batch, in order. `check(record)` sees
     every record of a forward before its backward. `terms` computes one group's terms (frameworks
     with their own in-batch losses pass theirs). `margin_keys`: each micro-batch's margin key (a
-    shuffled-G objective needs them)."""
+    shuffled-G objective needs them). `before_forward(pairs)` sees each forward's size first."""
     per_forward = micro_batches_per_forward(compute_batch, micro_batch)
     keys = list(margin_keys) if margin_keys is not None else [None] * len(batches)
     if len(keys) != len(batches):
@@ -68,6 +61,7 @@ def compute_batch_backward(model, batches: list[MicroBatch], objective: dict, fr
     records = []
     for start in range(0, len(batches), per_forward):
         chunk = batches[start:start + per_forward]
+        before_forward(sum(images.shape[0] for images, _ in chunk))
         records += _forward_backward(model, chunk, len(batches), objective, frozen_text, autocast, check, terms,
                                      keys[start:start + per_forward])
     return records
@@ -103,41 +97,3 @@ def _as_floats(group_losses: list[dict[str, torch.Tensor]]) -> list[dict[str, fl
         records.append(dict(zip(losses, flat[position:position + len(losses)])))
         position += len(losses)
     return records
-
-
-# ---- the memory fallback -----------------------------------------------------------------------
-def is_out_of_memory(error: BaseException) -> bool:
-    """torch's OutOfMemoryError, or a backend's RuntimeError that says "out of memory" (e.g. NPU)."""
-    return isinstance(error, torch.OutOfMemoryError) or (
-        isinstance(error, RuntimeError) and "out of memory" in str(error).lower())
-
-
-def fit_compute_batch(try_step: Callable[[int], None], requested: int, micro_batch: int,
-                      log: Callable[[str], None], device: torch.device | str = "cpu") -> int:
-    """The compute batch to use: `requested` if try_step(requested) runs, else halved (rounded down
-    to a multiple of micro_batch, never below micro_batch) until one runs without running out of
-    memory; the value used is logged. try_step runs one step at that size on `device` and must not
-    leave anything behind that matters (e.g. zero the gradients it made). Any other error, and
-    running out of memory at micro_batch itself, is raised."""
-    micro_batches_per_forward(requested, micro_batch)
-    size = requested
-    while True:
-        try:
-            try_step(size)
-        except RuntimeError as error:  # torch.OutOfMemoryError is a RuntimeError
-            if size <= micro_batch or not is_out_of_memory(error):
-                raise
-        else:
-            log(f"compute_batch: using {size} pairs per forward (requested {requested}, micro_batch {micro_batch})")
-            return size
-        smaller = max(micro_batch, size // 2 // micro_batch * micro_batch)
-        log(f"compute_batch: {size} pairs per forward ran out of memory; trying {smaller}")
-        size = smaller
-        _release_cached_memory(device)
-
-
-def _release_cached_memory(device: torch.device | str) -> None:
-    # The failed step's tensors are garbage once its exception is gone; hand their blocks back (on
-    # whichever backend ran it: CUDA, NPU, MPS) so the smaller size is not refused for fragmentation.
-    gc.collect()
-    empty_cache(device)

@@ -12,7 +12,7 @@ from hnclip.config.registry import (
 from hnclip.evaluation.selection import own_benchmark
 
 
-def finetune_job(reg: Registry, run_id: str, stop_after_steps: int | None = None):
+def finetune_job(reg: Registry, run_id: str):
     from hnclip.models.factory import backbone_pin
     from hnclip.training.loop import (
         TrainJob,  # torch: imported only by the jobs that train (Snakefile parsing stays light)
@@ -33,7 +33,7 @@ def finetune_job(reg: Registry, run_id: str, stop_after_steps: int | None = None
         eval_manifests={b: reg.test_manifest(b) for b in reg.eval_benchmarks(run.train_set)},
         selection_benchmark=own_benchmark(reg.eval_benchmarks(run.train_set)),
         out_dir=paths.run_dir(run_id), checkpoint_dir=paths.checkpoint_dir(run_id),
-        execution=execution, evaluation=reg.params["evaluation"], stop_after_steps=stop_after_steps,
+        execution=execution, evaluation=reg.params["evaluation"],
         eval_cache_dir=paths.EVAL_CACHE, auxiliary=auxiliary,
         extra_inputs={f"auxiliary:{kind}": path for kind, path in auxiliary.items()})
 

@@ -22,6 +22,8 @@ import torch
 from hnclip.config.constants import BASELINE_FRAMEWORKS, TRAINED_FRAMEWORKS
 from hnclip.losses.objective import Autocast, loss_terms
 
+HN_CLIP_LOSS_NAMES = ("infonce", "hn", "tok", "total")  # the objective's terms (`losses.objective.group_terms`)
+
 
 @dataclass(frozen=True)
 class Position:
@@ -39,9 +41,11 @@ class Method:
     extra_module: torch.nn.Module | None = None           # trained beside the CLIP, checkpointed, not exported
     after_step: Callable[[torch.nn.Module], None] = lambda model: None
     # (first micro-batch of the step, micro-batches of the run, grad_accum) -> factor of the base rates;
-    # None: the profile's schedule (`loop.cosine_lr`)
+    # None: the profile's schedule (`schedule.cosine_lr`)
     lr_factor: Callable[[int, int, int], float] | None = None
     summary: dict = field(default_factory=dict)           # recorded in train.json (e.g. fallback counts)
+    # every named term `terms` can return: the non-finite guard, steps.jsonl and the epoch summaries read these
+    loss_names: tuple[str, ...] = ("infonce", "hn", "tok", "total")
 
     def to_device(self, batch, device: torch.device):
         if isinstance(batch, tuple):
@@ -131,7 +135,8 @@ def _finelip(objective: dict, settings: dict, model, train_set) -> Method:
 
         def lr_factor(first_micro_step: int, total_micro_steps: int, grad_accum: int) -> float:
             return finelip_released_lr(first_micro_step, total_micro_steps, grad_accum, warmup_micro_steps)
-    return Method("finelip", train_set.batch, terms, extra_module=module, lr_factor=lr_factor)
+    return Method("finelip", train_set.batch, terms, extra_module=module, lr_factor=lr_factor,
+                  loss_names=("infonce", "hn", "fine", "total"))
 
 
 def _goal(objective: dict, settings: dict, model, train_set, auxiliary: dict[str, Path], tokenizer) -> Method:
@@ -149,7 +154,8 @@ def _goal(objective: dict, settings: dict, model, train_set, auxiliary: dict[str
         with torch.autograd.set_detect_anomaly(anomaly):
             return goal_loss_terms(model, batch, objective, goal_settings, autocast)
     return Method("goal", inputs.batch, terms, summary={"images_without_segment": inputs.fallbacks,
-                                                          "images": len(inputs.rows)})
+                                                          "images": len(inputs.rows)},
+                  loss_names=("infonce", "hn", "org", "seg", "patch", "text", "total"))
 
 
 def _structxlip(objective: dict, settings: dict, train_set, auxiliary: dict[str, Path], tokenizer) -> Method:
@@ -165,7 +171,8 @@ def _structxlip(objective: dict, settings: dict, train_set, auxiliary: dict[str,
     def clamp(model):
         if max_log_scale is not None:
             clamp_logit_scale_(model, max_log_scale)
-    return Method("structxlip", inputs.batch, terms, after_step=clamp)
+    return Method("structxlip", inputs.batch, terms, after_step=clamp,
+                  loss_names=("infonce", "hn", "g", "sc", "rs", "lsc", "total"))
 
 
 def _grid_size(size) -> int:

@@ -16,9 +16,12 @@ the reports count only the rows that measured it), and the fp32 gradient's norm 
 computed the way an fp32 trainer computes it (`clip_grad_norm_fp32`: squares in fp32, which
 underflow below ~1e-22 per entry), beside the float64 norm.
 
-L_HN uses the run's gamma, margin mode and margin control (constant / shuffled G, with the micro-batch's
-margin key); a run with gamma 0 (InfoNCE) is probed with gamma 0.5, the paper's default
-(`gamma_source` says which). Only the global terms are probed (no token term).
+Both losses are the run's own: the probe hands the run's objective to the function the trainer computes
+the global terms with (`hnclip.losses.objective.global_logits`), so L_HN has the run's gamma, margin
+source and margin control (constant / shuffled G, with the micro-batch's shuffle key), and every
+objective key added later; a run with gamma 0 (InfoNCE) is probed with gamma 0.5, the paper's default,
+and its margin settings at their defaults (`gamma_source` says which). Only the global terms are probed
+(no token term).
 The probe cannot change training: it never touches .grad, it runs under a forked RNG, and the
 model has no batch statistics. Norms and dot products accumulate in float64, so tiny fp32
 gradients are not flushed to zero by squaring.
@@ -26,20 +29,14 @@ gradients are not flushed to zero by squaring.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from hnclip.losses.contrastive import _symmetric_cross_entropy, margin_matrix
+from hnclip.config.objective_keys import margin_defaults, margin_source
+from hnclip.losses.contrastive import infonce_logits, symmetric_cross_entropy
 from hnclip.losses.distributed import gather_features
-from hnclip.losses.objective import (
-    Autocast,
-    MarginKey,
-    as_float32,
-    frozen_margin_features,
-    margin_control,
-    margin_generator,
-)
+from hnclip.losses.objective import Autocast, ShuffleKey, frozen_margin_features, global_logits, margin_control
 from hnclip.models.towers import encode_batch
 from hnclip.training.distributed import Distributed, average_tensors
 
@@ -51,23 +48,35 @@ INFONCE_GRADIENT_FIELDS = ("loss", "grad_norm", "grad_exactly_zero", "max_abs_dl
 @dataclass(frozen=True)
 class GradientProbe:
     every: int
-    gamma: float
-    gamma_source: str    # "objective" or "default" (the run's gamma is 0)
-    margin: str          # live | frozen, as the run
-    margin_control: str = "none"     # none | constant | shuffled, as the run
-    run_seed: int | None = None      # a shuffled-G run's seed (its shuffles' first part)
-    bf16_every: int = 1              # the bf16 L_CLIP measurement on every k-th probe (0: never)
+    objective: dict = field(hash=False)   # the objective L_HN is measured with (see `from_settings`)
+    gamma_source: str = "objective"       # "objective" or "default" (the run's gamma is 0)
+    bf16_every: int = 1                   # the bf16 L_CLIP measurement on every k-th probe (0: never)
 
     @classmethod
     def from_settings(cls, execution: dict, objective: dict) -> "GradientProbe | None":
+        """The probe of a run whose objective (with its run seed, `with_run_seed`) is `objective`: L_HN is
+        the run's own, or at a gamma-0 run the paper's default gamma with the margin settings' defaults."""
         every = int(execution.get("grad_probe_every", 0) or 0)
         if every <= 0:
             return None
         bf16_every = int(execution.get("grad_probe_bf16_every", 1))
         if objective["gamma"] > 0:
-            return cls(every, float(objective["gamma"]), "objective", objective["margin"],
-                       margin_control(objective), objective.get("run_seed"), bf16_every)
-        return cls(every, DEFAULT_PROBE_GAMMA, "default", objective["margin"], bf16_every=bf16_every)
+            return cls(every, dict(objective), "objective", bf16_every)
+        return cls(every, {**objective, **margin_defaults(), "gamma": DEFAULT_PROBE_GAMMA}, "default", bf16_every)
+
+    @property
+    def gamma(self) -> float:
+        return float(self.objective["gamma"])
+
+    @property
+    def margin_source(self) -> str:
+        """live | frozen, as the run (params.yaml's `margin`)."""
+        return margin_source(self.objective)
+
+    @property
+    def margin_control(self) -> str:
+        """none | constant | shuffled, as the run."""
+        return margin_control(self.objective)
 
     def due(self, step: int) -> bool:
         """Probe before optimizer steps 0, k, 2k, ... (step = updates done so far)."""
@@ -80,11 +89,12 @@ class GradientProbe:
 
     def measure(self, model, parameters: list[torch.nn.Parameter], images, tokens, frozen_text=None,
                 autocast: Autocast = contextlib.nullcontext, distributed: Distributed = Distributed(),
-                margin_key: MarginKey | None = None, with_bf16: bool = True) -> dict:
-        """`margin_key`: the probed micro-batch's key (a shuffled-G run draws its training shuffle);
+                shuffle_key: ShuffleKey | None = None, with_bf16: bool = True) -> dict:
+        """`shuffle_key`: the probed micro-batch's key (a shuffled-G run draws its training shuffle);
         `with_bf16`: also measure L_CLIP under bf16 autocast (else its fields are None)."""
         with _preserved_rng(images.device):
-            losses, logits = self._losses(model, images, tokens, frozen_text, autocast, margin_key)
+            logits = self._logits(model, images, tokens, frozen_text, autocast, shuffle_key)
+            losses = {name: symmetric_cross_entropy(value) for name, value in logits.items()}
             clip_grads = torch.autograd.grad(losses["clip"], [*parameters, logits["clip"]], retain_graph=True,
                                              allow_unused=True)
             hn_grads = torch.autograd.grad(losses["hn"], [*parameters, logits["hn"]], allow_unused=True)
@@ -95,7 +105,7 @@ class GradientProbe:
         if distributed.enabled:  # each rank holds its share of the global gradient (see losses.distributed)
             average_tensors(clip_params + hn_params, distributed.world_size)
         clip, hn = _statistics(clip_params), _statistics(hn_params)
-        record = {"gamma": self.gamma, "gamma_source": self.gamma_source, "margin": self.margin,
+        record = {"gamma": self.gamma, "gamma_source": self.gamma_source, "margin": self.margin_source,
                   "margin_control": self.margin_control,
                   "batch": int(logits["clip"].shape[0]), "parameters": clip["entries"],
                   "clip_loss": float(losses["clip"].detach()), "hn_loss": float(losses["hn"].detach()),
@@ -111,25 +121,15 @@ class GradientProbe:
         record["exactly_zero_norms"] = int(record["clip_grad_exactly_zero"]) + int(record["hn_grad_exactly_zero"])
         return record
 
-    def _losses(self, model, images, tokens, frozen_text, autocast, margin_key: MarginKey | None = None):
-        """Both losses from one forward, with the logits kept as graph nodes for dL/dlogit.
-        The arithmetic is that of `infonce_loss` and `hn_loss`, step for step."""
-        objective = {"gamma": self.gamma, "margin": self.margin, "margin_control": self.margin_control}
-        if self.run_seed is not None:
-            objective["run_seed"] = self.run_seed
+    def _logits(self, model, images, tokens, frozen_text, autocast, shuffle_key: ShuffleKey | None = None):
+        """The logits of L_CLIP (`clip`) and L_HN (`hn`) from one forward, kept as graph nodes for dL/dlogit:
+        the trainer's own (`global_logits`), on the probe's objective."""
         with autocast():
             encoded = encode_batch(model, images, tokens, with_tokens=False)
-            margin_features = frozen_margin_features(frozen_text, tokens, objective)
-        image_features, text_features, margin_features = gather_features(
-            as_float32(encoded.image_features), as_float32(encoded.text_features), margin_features)
-        scale = model.logit_scale.exp()
-        clip_logits = scale * image_features @ text_features.t()
-        sims = image_features @ text_features.t()
-        boost = margin_matrix(text_features if margin_features is None else margin_features, self.gamma,
-                              self.margin_control, margin_generator(objective, margin_key))
-        hn_logits = scale * (sims + boost.to(sims.dtype))
-        losses = {"clip": _symmetric_cross_entropy(clip_logits), "hn": _symmetric_cross_entropy(hn_logits)}
-        return losses, {"clip": clip_logits, "hn": hn_logits}
+            margin_features = frozen_margin_features(frozen_text, tokens, self.objective)
+        logits = global_logits(encoded.image_features, encoded.text_features, model.logit_scale.exp(), self.objective,
+                               margin_features, shuffle_key)
+        return {"clip": logits["infonce"], "hn": logits["hn"]}
 
 
 def probe_summary(probe: GradientProbe | None, records: list[dict]) -> dict | None:
@@ -137,7 +137,7 @@ def probe_summary(probe: GradientProbe | None, records: list[dict]) -> dict | No
     if probe is None:
         return None
     return {"every": probe.every, "bf16_every": probe.bf16_every, "gamma": probe.gamma,
-            "gamma_source": probe.gamma_source, "margin": probe.margin, "measurements": len(records),
+            "gamma_source": probe.gamma_source, "margin": probe.margin_source, "measurements": len(records),
             "clip_grad_exactly_zero": sum(r["clip_grad_exactly_zero"] for r in records),
             "hn_grad_exactly_zero": sum(r["hn_grad_exactly_zero"] for r in records),
             "clip_bf16_grad_exactly_zero": sum(bool(r.get("clip_bf16_grad_exactly_zero")) for r in records)}
@@ -175,8 +175,8 @@ def infonce_gradient(forward, parameters: list[torch.nn.Parameter], precision: s
     with context:
         image_features, text_features, scale = forward()
         image_features, text_features, _ = gather_features(image_features, text_features)
-        logits = scale * image_features @ text_features.t()
-        loss = _symmetric_cross_entropy(logits)
+        logits = infonce_logits(image_features, text_features, scale)
+        loss = symmetric_cross_entropy(logits)
     grads = torch.autograd.grad(loss, [*parameters, logits], allow_unused=True)
     params = _dense(grads[:-1], parameters)
     if distributed.enabled:

@@ -18,7 +18,16 @@ from __future__ import annotations
 import bisect
 import re
 
-from hnclip.data.auxiliary.structxlip_lexicon import COLORS, INSECT_TERMS, MATERIALS, STOPWORDS, TEXTURES
+from hnclip.data.auxiliary.structxlip_lexicon import (
+    COLORS,
+    INSECT_TERMS,
+    MATERIALS,
+    STOPWORDS,
+    TEXTURES,
+    check_release,
+)
+
+check_release()  # the word lists are the release's, word for word (content pins)
 
 # applied in this order, as released (VisualTermFilter.filter_text: insect, colours, materials, textures)
 LEXICONS = {"insect": INSECT_TERMS, "colors": COLORS, "materials": MATERIALS, "textures": TEXTURES}

@@ -13,7 +13,8 @@ says Canny-type maps). Choices here, all `EdgeSettings`:
     `matches` (GOAL keeps one segment, StructXLIP needs K); with `distinct_crops` a crop matched by
     several sentences counts once. Fewer than K matches give fewer crops; StructXLIP's loader pads
     the missing ones with black dummies marked invalid.
-Edge PNGs are 'L' mode, 0 or 255. Paths in edges.jsonl are relative to its directory.
+Edge PNGs are 'L' mode, 0 or 255. Paths in edges.jsonl are relative to its directory. Like the
+segments, the build is sharded and resumable (`hnclip.data.auxiliary.shards`).
 """
 from __future__ import annotations
 
@@ -25,9 +26,11 @@ import cv2
 import numpy as np
 from PIL import Image
 
-from ...io import atomic_path, read_jsonl, write_jsonl
+from ...hashing import file_sha256
+from ...io import atomic_path, read_jsonl
 from ..manifest import read_manifest
 from .lism import file_stem
+from .shards import DEFAULT_SHARD_ITEMS, build_sharded
 
 THRESHOLD_MODES = ("fixed", "median")
 
@@ -84,31 +87,41 @@ def _write_edges(edges: np.ndarray, path: Path) -> None:
 
 
 def build_edges(manifest_path: str | Path, segments_jsonl: str | Path, out_dir: str | Path,
-                settings: EdgeSettings = EdgeSettings()) -> dict:
+                settings: EdgeSettings = EdgeSettings(), *, shard_images: int = DEFAULT_SHARD_ITEMS) -> dict:
     """Write out_dir/edges/<id>.png, out_dir/edge_crops/*.png and out_dir/edges.jsonl
-    ({id, edge_file, crops: [{edge_crop_file, bbox, similarity, sentence}]}); returns a summary."""
+    ({id, edge_file, crops: [{edge_crop_file, bbox, similarity, sentence}]}), in resumable shards of
+    `shard_images` images; returns a summary."""
     start = time.perf_counter()
     out_dir = Path(out_dir)
     lism = {row["id"]: row for row in read_jsonl(segments_jsonl)}
-    rows, crop_counts = [], []
-    for item in read_manifest(manifest_path):
-        if item.id not in lism:
-            raise KeyError(f"{segments_jsonl} has no row for image {item.id!r} of {manifest_path}")
-        with Image.open(item.image) as opened:
-            edges = edge_map(opened, settings)
-        stem = file_stem(item.id)
-        edge_file = f"edges/{stem}.png"
-        _write_edges(edges, out_dir / edge_file)
-        crops = []
-        for entry in top_matches(lism[item.id]["matches"], settings.top_k, settings.distinct_crops):
-            box = entry["bbox"]
-            crop_file = f"edge_crops/{Path(entry['crop_file']).stem}.png"
-            _write_edges(edges[box["y1"]:box["y2"], box["x1"]:box["x2"]], out_dir / crop_file)
-            crops.append({"edge_crop_file": crop_file, "bbox": box, "similarity": entry["similarity"],
-                          "sentence": entry["sentence"]})
-        rows.append({"id": item.id, "edge_file": edge_file, "crops": crops})
-        crop_counts.append(len(crops))
-    write_jsonl(out_dir / "edges.jsonl", rows)
+    items = read_manifest(manifest_path)
+    missing = [item.id for item in items if item.id not in lism]
+    if missing:
+        raise KeyError(f"{segments_jsonl} has no row for {len(missing)} image(s) of {manifest_path} "
+                       f"(e.g. {missing[:3]}); rebuild the segments first")
+    identity = {"step": "edges", "manifest_sha256": file_sha256(manifest_path),
+                "segments_sha256": file_sha256(segments_jsonl), "settings": asdict(settings)}
+    rows, shards = build_sharded(items, lambda batch: [_edge_row(item, lism[item.id], out_dir, settings)
+                                                       for item in batch],
+                                 out_dir / "edges.jsonl", identity, shard_items=shard_images, desc="edges",
+                                 files_of=lambda row: [row["edge_file"], *(c["edge_crop_file"] for c in row["crops"])])
+    crop_counts = [len(row["crops"]) for row in rows]
     return {"images": len(rows), "edge_crops": int(sum(crop_counts)),
             "images_with_top_k": sum(n == settings.top_k for n in crop_counts),
-            "wall_s": time.perf_counter() - start, "settings": asdict(settings)}
+            "wall_s": time.perf_counter() - start, **shards, "settings": asdict(settings)}
+
+
+def _edge_row(item, lism_row: dict, out_dir: Path, settings: EdgeSettings) -> dict:
+    """One image's edges.jsonl row; writes its edge map and the edge crops of its top matches."""
+    with Image.open(item.image) as opened:
+        edges = edge_map(opened, settings)
+    edge_file = f"edges/{file_stem(item.id)}.png"
+    _write_edges(edges, out_dir / edge_file)
+    crops = []
+    for entry in top_matches(lism_row["matches"], settings.top_k, settings.distinct_crops):
+        box = entry["bbox"]
+        crop_file = f"edge_crops/{Path(entry['crop_file']).stem}.png"
+        _write_edges(edges[box["y1"]:box["y2"], box["x1"]:box["x2"]], out_dir / crop_file)
+        crops.append({"edge_crop_file": crop_file, "bbox": box, "similarity": entry["similarity"],
+                      "sentence": entry["sentence"]})
+    return {"id": item.id, "edge_file": edge_file, "crops": crops}

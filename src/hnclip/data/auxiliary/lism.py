@@ -27,6 +27,11 @@ in the rows is relative to the directory of `segments.jsonl`. `sentence_index` i
 `sentences(caption)` (GOAL's text-span loss re-finds the sentence in the caption by its text).
 A rebuild rewrites the rows and the crops they name; crops of an earlier run with other settings
 stay behind unless out_dir is cleared first.
+
+Extraction is sharded and resumable (`hnclip.data.auxiliary.shards`): every `shard_images` images
+their rows go to `segments.jsonl.shards/shard-NNNNN.jsonl`, and a restarted job (the same manifest,
+segmenter, matcher, settings and batch size) skips the finished shards; `segments.jsonl` is
+assembled from them at the end, byte-identical to an uninterrupted run's.
 """
 from __future__ import annotations
 
@@ -40,9 +45,11 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from ...io import atomic_path, write_jsonl
+from ...hashing import file_sha256
+from ...io import atomic_path
 from ..manifest import read_manifest
-from .segments import Segment, Segmenter, segments_of
+from .segments import Segment, Segmenter, segmenter_fingerprint, segments_of
+from .shards import DEFAULT_SHARD_ITEMS, build_sharded
 
 LONG_SENTENCE_MODES = ("skip_image", "truncate")
 
@@ -198,27 +205,35 @@ def segment_or_fallback(row: dict) -> dict:
 
 
 def build_lism(manifest_path: str | Path, out_dir: str | Path, segmenter: Segmenter, encoders: Encoders,
-               settings: LismSettings = LismSettings(), batch_images: int = 32) -> dict:
+               settings: LismSettings = LismSettings(), batch_images: int = 32, *,
+               shard_images: int = DEFAULT_SHARD_ITEMS, fingerprint: dict | None = None) -> dict:
     """Segment and match every image of a manifest; writes out_dir/segments.jsonl and out_dir/crops/.
 
-    Images are matched `batch_images` at a time. Returns a summary: images, with_segment,
-    no_segment counts by reason, mean segments kept by the area filter, mean matches, wall time,
-    matcher name and settings.
+    Images are matched `batch_images` at a time, in shards of `shard_images` (resumable, see the
+    module docstring). `fingerprint` adds what names the models beyond their names (e.g. the sha256
+    of their files) to what a shard must have been made from to be reused. Returns a summary:
+    images, with_segment, no_segment counts by reason, mean segments kept by the area filter, mean
+    matches, wall time (this run's), shards made and reused, matcher name and settings.
     """
     start = time.perf_counter()
     out_dir = Path(out_dir)
-    items = read_manifest(manifest_path)
-    rows = []
-    for first in range(0, len(items), batch_images):
-        batch = []
-        for item in items[first:first + batch_images]:
+    identity = {"step": "lism", "manifest_sha256": file_sha256(manifest_path), "settings": asdict(settings),
+                "matcher": encoders.name, "segmenter": segmenter_fingerprint(segmenter),
+                "batch_images": batch_images, **(fingerprint or {})}
+
+    def make_rows(batch) -> list[dict]:
+        images = []
+        for item in batch:
             with Image.open(item.image) as opened:
                 image = opened.convert("RGB")
             masks = segmenter.masks(image)
             segments = segments_of(image, masks, settings.min_area, settings.max_area)
-            batch.append(LismImage(item.id, item.caption, image, segments, len(masks)))
-        rows += lism_rows(batch, encoders, settings, out_dir)
-    write_jsonl(out_dir / "segments.jsonl", rows)
+            images.append(LismImage(item.id, item.caption, image, segments, len(masks)))
+        return lism_rows(images, encoders, settings, out_dir)
+
+    rows, shards = build_sharded(read_manifest(manifest_path), make_rows, out_dir / "segments.jsonl", identity,
+                                 shard_items=shard_images, batch_items=batch_images, desc="segments",
+                                 files_of=lambda row: [m["crop_file"] for m in row["matches"]])
     reasons: dict[str, int] = {}
     for row in rows:
         if row["no_segment"]:
@@ -226,7 +241,8 @@ def build_lism(manifest_path: str | Path, out_dir: str | Path, segmenter: Segmen
     return {"images": len(rows), "with_segment": sum(row["segment"] is not None for row in rows),
             "no_segment": reasons, "mean_segments_kept": float(np.mean([row["n_segments"] for row in rows])),
             "mean_matches": float(np.mean([len(row["matches"]) for row in rows])),
-            "wall_s": time.perf_counter() - start, "matcher": encoders.name, "settings": asdict(settings)}
+            "wall_s": time.perf_counter() - start, **shards, "matcher": encoders.name,
+            "settings": asdict(settings)}
 
 
 def hf_clip_encoders(model_path: str | Path, device: str = "cpu", batch_size: int = 64) -> Encoders:

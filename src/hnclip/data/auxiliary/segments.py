@@ -16,6 +16,7 @@ the crop in the image (LISM/make_bbox.py); we know it already, so it is recorded
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -33,6 +34,17 @@ class Segmenter(Protocol):
     def masks(self, image: Image.Image) -> list[np.ndarray]:
         """Boolean [H, W] masks at the image's own size, in the segmenter's order."""
         ...
+
+
+def segmenter_fingerprint(segmenter: Segmenter) -> dict:
+    """What names a segmenter's masks, for resume checks: its own `fingerprint()` if it has one, else
+    its class and settings (a dataclass's fields; SAM's model and generation settings)."""
+    if callable(getattr(segmenter, "fingerprint", None)):
+        return segmenter.fingerprint()
+    kind = type(segmenter).__name__
+    if dataclasses.is_dataclass(segmenter):
+        return {"class": kind, **dataclasses.asdict(segmenter)}
+    return {"class": kind, "model": getattr(segmenter, "model", None), **getattr(segmenter, "settings", {})}
 
 
 @dataclass(frozen=True)
@@ -162,7 +174,8 @@ class SamSegmenter:
                  stability_score_thresh: float = 0.95, points_per_batch: int = 128, device: str | None = None):
         from transformers import pipeline  # heavy import, only when SAM is used
 
-        self.generator = pipeline("mask-generation", model=str(model), points_per_batch=points_per_batch,
+        self.model = str(model)
+        self.generator = pipeline("mask-generation", model=self.model, points_per_batch=points_per_batch,
                                   device=device)
         self.settings = {"points_per_crop": points_per_side, "pred_iou_thresh": pred_iou_thresh,
                          "stability_score_thresh": stability_score_thresh, "crops_n_layers": 0,

@@ -1,0 +1,53 @@
+"""The claims of claims.yaml as data, and the walk over a claim's statistic tree.
+
+A statistic is a leaf (one kind: contrast, spread, trajectory, order_preserved, probe, caption_geometry,
+timing_ratio; see hnclip.report.claims_statistics) or a `difference` / `concat` of statistics."""
+from __future__ import annotations
+
+from hnclip.report.effects import definitions
+
+COMPOSITES = ("difference", "concat")  # statistics built of other statistics
+
+
+def claim_definitions() -> list[dict]:
+    """Every claim of claims.yaml (quote, where, decision, statistic, requires, ...), in file order."""
+    return definitions()["claims"]
+
+
+def statistic_leaves(statistic: dict) -> list[dict]:
+    """The leaf statistics of a statistic's tree, in order (itself when it is a leaf)."""
+    for composite in COMPOSITES:
+        if composite in statistic:
+            return [leaf for s in statistic[composite] for leaf in statistic_leaves(s)]
+    return [statistic]
+
+
+def statistic_kinds(statistic: dict) -> set[str]:
+    """The kinds its leaves use (`probe` also as `probe:<measure>`)."""
+    out = set()
+    for leaf in statistic_leaves(statistic):
+        for key, value in leaf.items():
+            if isinstance(value, dict):
+                out.add(key)
+                if key == "probe":
+                    out.add(f"probe:{value['measure']}")
+    return out
+
+
+def row_of(entry: str, table: str) -> tuple[str, str]:
+    """`row@table` names a row of another table (e.g. plain fine-tuning from Table A4 as a companion
+    claim's competitor); a plain row is one of `table`."""
+    row, _, other = entry.partition("@")
+    return row, other or table
+
+
+def tables_named(statistic: dict) -> set[str]:
+    """Every table whose cells its leaves read (a contrast's `b_table` and `row@table` competitors too)."""
+    named = set()
+    for leaf in statistic_leaves(statistic):
+        for value in leaf.values():
+            if isinstance(value, dict) and "table" in value:
+                named |= {value["table"], value.get("b_table", value["table"])}
+                named |= {row_of(b, value["table"])[1] for _, bs in value.get("pairs", [])
+                          for b in ([bs] if isinstance(bs, str) else bs)}
+    return named

@@ -1,0 +1,94 @@
+"""The scorecard as Markdown (results/claims.md): the counts on this profile and on the paper's own
+numbers, the regime preconditions, the verdicts' legend, one table row per claim and its evidence."""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from hnclip.config.registry import Registry
+from hnclip.report.claims_definitions import claim_definitions
+from hnclip.report.claims_preconditions import REGIME_CONDITIONS, as_condition, profile_conditions
+from hnclip.report.claims_verdicts import VERDICT_MEANINGS, VERDICTS
+from hnclip.report.uncertainty import Bootstrap
+
+
+def _format_number(value: float, count: bool) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    if math.isinf(value):
+        return "never"
+    return f"{value:.0f}" if count else f"{value:.3g}" if abs(value) < 10 else f"{value:.2f}"
+
+
+def _verdict_counts(verdicts: pd.Series, names=VERDICTS) -> str:
+    counts = verdicts.value_counts()
+    return ", ".join(f"{int(counts.get(v, 0))} {v.replace('_', ' ')}" for v in names)
+
+
+def _conditions_text(conditions: dict) -> list[str]:
+    out = []
+    for name, (_, meaning) in REGIME_CONDITIONS.items():
+        condition = as_condition(conditions.get(name))
+        state = {True: "holds", False: "**does not hold**", None: "not measured"}[condition.met]
+        out.append(f"* `{name}` ({meaning}): {state} — {condition.detail}")
+    return out
+
+
+# The paper's own numbers are never `not_implemented`: its counts list the other verdicts.
+PAPER_VERDICTS = tuple(v for v in VERDICTS if v != "not_implemented")
+
+
+def _header(reg: Registry, frame: pd.DataFrame, boot: Bootstrap, conditions: dict) -> list[str]:
+    """The counts, the preconditions, how the claims are judged and the verdicts' legend."""
+    s = boot.settings
+    contradicted = frame.loc[frame["paper_verdict"] == "contradicted", "claim_id"].tolist()
+    out = ["# Claims scorecard", "",
+           f"Profile `{reg.profile_name}`: {len(frame)} claims — {_verdict_counts(frame['verdict'])}.", "",
+           "On the paper's own printed numbers, by the same rules: "
+           f"{_verdict_counts(frame['paper_verdict'], PAPER_VERDICTS)}"
+           + (f"; the paper's own numbers contradict {', '.join(f'`{c}`' for c in contradicted)}." if contradicted
+              else "."), "",
+           "Regime preconditions of this profile (results/stats/regime.json; a claim that requires one that does "
+           "not hold is not testable here):", "", *_conditions_text(conditions), "",
+           "Each claim of the paper is a computable statistic over this profile's tables and records "
+           f"(src/hnclip/report/claims.yaml), with a {s.confidence:.0%} percentile bootstrap interval over test "
+           f"queries (and seeds; paired across runs on the same queries; {s.resamples} resamples, seed {s.seed}). "
+           "Counts of \"all N\" claims take the tie tolerance their decision states: a reproduction at the "
+           "paper's test-set sizes cannot resolve a smaller difference. Sanity checks hold nearly by construction "
+           "(L_HN is L_CLIP on logits shifted by γG ≥ 0) and are judged per run.", ""]
+    out += [f"* **{v.replace('_', ' ')}**: {meaning}" for v, meaning in VERDICT_MEANINGS.items()]
+    if reg.profile_name != "paper":
+        out += ["", "> The embedded miniature tests directions of effect; claims about the real benchmarks' magnitudes "
+                    "are not testable on it."]
+    return out
+
+
+def _claim_row(rec: dict, spec: dict) -> str:
+    """A scorecard row's table line (`spec`: the claim's definition)."""
+    count = str(spec["statistic"].get("reduce", "")).startswith("count")
+    reproduced = _format_number(rec["reproduced_value"], count)
+    if not math.isnan(rec["ci_low"]):
+        reproduced += f" [{_format_number(rec['ci_low'], count)}, {_format_number(rec['ci_high'], count)}]"
+    on_paper = rec["paper_verdict"].replace("_", " ")
+    if not (isinstance(rec["paper_number"], float) and math.isnan(rec["paper_number"])):
+        on_paper = f"{_format_number(rec['paper_number'], count)}: {on_paper}"
+    label = "sanity check; " if rec["sanity_check"] else ""
+    cells = [f"**{rec['claim_id']}** ({label}{rec['where']}): “{rec['quote']}”", rec["paper_value"], on_paper,
+             reproduced, rec["verdict"].replace("_", " "), f"{rec['decision']}: {spec.get('why', '')}"]
+    return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"  # quotes hold |Δ|
+
+
+def to_markdown(reg: Registry, frame: pd.DataFrame, boot: Bootstrap, conditions: dict | None = None) -> str:
+    """results/claims.md from the scorecard `frame` (`conditions`: this profile's, by default measured)."""
+    conditions = conditions if conditions is not None else profile_conditions(reg)
+    out = _header(reg, frame, boot, conditions)
+    out += ["", "| claim | paper | on the paper's numbers | reproduced [95 % CI] | verdict | decision |",
+            "|---|---|---|---|---|---|"]
+    specs = {c["claim_id"]: c for c in claim_definitions()}
+    out += [_claim_row(rec, specs.get(rec["claim_id"], {"statistic": {}})) for rec in frame.to_dict("records")]
+    out += ["", "## Evidence and reasons", ""]
+    for rec in frame.to_dict("records"):
+        details = [text for text in (rec["reason"], rec["evidence"]) if isinstance(text, str) and text]
+        out.append(f"* **{rec['claim_id']}**: " + (" — ".join(details) if details else "–"))
+    return "\n".join(out) + "\n"

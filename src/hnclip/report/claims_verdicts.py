@@ -1,0 +1,133 @@
+"""The verdicts: a claim's decision (e.g. "count >= 8", "> 0", "between -1 and 1") applied to its
+statistic's estimate and 95 % interval, on this profile's results (`judge_claim`) and on the paper's own
+numbers (`paper_judgement`); the scorecard is one row of both per claim.
+
+The verdict categories and their rules live here alone: VERDICT_MEANINGS (what each says, also the
+scorecard's legend), `decide` (supported / contradicted / inconclusive from an interval),
+`unavailable_verdict` (not_implemented / not_testable from a cell the statistic could not read) and the
+precondition gate in `judge_claim` (hnclip.report.claims_preconditions)."""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from hnclip.config.registry import NOT_IMPLEMENTED, Registry
+from hnclip.report.claims_definitions import claim_definitions
+from hnclip.report.claims_preconditions import as_condition, paper_conditions, profile_conditions, unmet_preconditions
+from hnclip.report.claims_sources import PaperSource, ReproducedSource
+from hnclip.report.claims_statistics import statistic_draws
+from hnclip.report.effects import CellUnavailable, format_evidence, summarise
+from hnclip.report.uncertainty import Bootstrap
+
+VERDICT_MEANINGS = {
+    "supported": "the whole 95 % interval satisfies the claim's decision",
+    "contradicted": "none of the interval does",
+    "inconclusive": "the interval straddles the decision: this profile's data cannot tell",
+    "not_testable": "this profile cannot test it: a magnitude of the real benchmarks on the miniature, or a "
+                    "regime precondition that fails here (the reason names it and its measured value)",
+    "not_implemented": "a row it needs is not trained by this pipeline yet",
+}
+VERDICTS = tuple(VERDICT_MEANINGS)
+SCORECARD_COLUMNS = [
+    "claim_id", "quote", "paper_value", "reproduced_value", "ci_low", "ci_high", "verdict", "evidence", "decision",
+    "reason", "where", "paper_verdict", "paper_number", "paper_self_consistent", "tolerance", "sanity_check",
+    "requires"]
+
+
+def claim_decision(claim: dict, real_data) -> dict:
+    """The decision a claim is judged by: its `real_data_decision` (where it states one) on real data."""
+    return claim.get("real_data_decision", claim["decision"]) if real_data else claim["decision"]
+
+
+def decision_text(decision: dict, tolerance: float | None = None) -> str:
+    """The decision as the scorecard prints it, e.g. `>= 8 (tie tolerance 0.5)`."""
+    text = (f"between {decision['low']:g} and {decision['high']:g}" if decision["op"] == "between"
+            else f"{decision['op']} {decision['threshold']:g}")
+    return text + (f" (tie tolerance {tolerance:g})" if tolerance else "")
+
+
+def _holds(decision: dict, value: float) -> bool:
+    op = decision["op"]
+    if op == "between":
+        return decision["low"] <= value <= decision["high"]
+    threshold = decision["threshold"]
+    return {">": value > threshold, ">=": value >= threshold, "<": value < threshold, "<=": value <= threshold}[op]
+
+
+def decide(decision: dict, value: float, low: float, high: float) -> str:
+    """supported / contradicted / inconclusive from the estimate's interval (or the estimate alone)."""
+    if math.isnan(low):
+        return "supported" if _holds(decision, value) else "contradicted"
+    if decision["op"] == "between":
+        if decision["low"] <= low and high <= decision["high"]:
+            return "supported"
+        return "contradicted" if high < decision["low"] or low > decision["high"] else "inconclusive"
+    if _holds(decision, low) and _holds(decision, high):
+        return "supported"
+    return "contradicted" if not _holds(decision, low) and not _holds(decision, high) else "inconclusive"
+
+
+def unavailable_verdict(exc: CellUnavailable) -> str:
+    """The verdict of a claim whose statistic could not read a cell."""
+    return "not_implemented" if exc.status == NOT_IMPLEMENTED else "not_testable"
+
+
+def judge_claim(claim: dict, source, conditions: dict, boot: Bootstrap) -> dict:
+    """One row of the scorecard (`conditions`: name -> Condition or bool, see profile_conditions)."""
+    decision = claim_decision(claim, as_condition(conditions.get("real_data")).met)
+    tolerance = claim["statistic"].get("tolerance")
+    row = {"claim_id": claim["claim_id"], "quote": claim["quote"], "paper_value": claim["paper_value"],
+           "reproduced_value": math.nan, "ci_low": math.nan, "ci_high": math.nan, "evidence": "",
+           "decision": decision_text(decision, tolerance), "reason": "", "where": claim["where"],
+           "tolerance": tolerance, "sanity_check": bool(claim.get("sanity_check")),
+           "requires": ", ".join(claim.get("requires", {}))}
+    failed, unmeasured = unmet_preconditions(claim, conditions)
+    if failed:
+        return {**row, "verdict": "not_testable", "reason": "; ".join(failed)}
+    source.evidence = []
+    try:
+        draws = statistic_draws(claim["statistic"], source)
+    except CellUnavailable as exc:
+        return {**row, "verdict": unavailable_verdict(exc), "reason": str(exc),
+                "evidence": format_evidence(source.evidence)}
+    value, low, high = summarise(draws, boot)
+    notes = [] if not math.isnan(low) else [f"no interval: {source.no_interval(claim['statistic'])}"]
+    notes += [f"precondition `{name}` not measured on this profile" for name in unmeasured]
+    return {**row, "reproduced_value": value, "ci_low": low, "ci_high": high,
+            "verdict": decide(decision, value, low, high), "reason": "; ".join(notes),
+            "evidence": format_evidence(source.evidence)}
+
+
+def paper_judgement(claim: dict, conditions: dict | None = None) -> dict:
+    """The claim on the paper's own numbers: its printed tables where they feed the statistic, else the
+    number its text states (`paper_number`); not_testable where the paper gives neither.
+    Returns {paper_verdict, paper_statistic, paper_reason}."""
+    row = judge_claim(claim, PaperSource(), conditions or paper_conditions(), Bootstrap())
+    if row["verdict"] in ("supported", "contradicted"):
+        return {"paper_verdict": row["verdict"], "paper_statistic": row["reproduced_value"],
+                "paper_reason": "its printed tables"}
+    number = claim.get("paper_number")
+    if number is None:
+        return {"paper_verdict": "not_testable", "paper_statistic": math.nan,
+                "paper_reason": f"the paper states no number for it ({row['reason']})"}
+    decision = claim_decision(claim, real_data=True)
+    return {"paper_verdict": decide(decision, float(number), math.nan, math.nan), "paper_statistic": float(number),
+            "paper_reason": "the number its text states"}
+
+
+def _self_consistent(verdict: str):
+    return {"supported": True, "contradicted": False}.get(verdict)
+
+
+def scorecard(reg: Registry, boot: Bootstrap) -> pd.DataFrame:
+    """Every claim judged on this profile's results and on the paper's own numbers (SCORECARD_COLUMNS)."""
+    source, conditions = ReproducedSource(reg, boot), profile_conditions(reg)
+    on_paper = paper_conditions(reg.params.get("regime_targets"))
+    rows = []
+    for claim in claim_definitions():
+        paper = paper_judgement(claim, on_paper)
+        rows.append({**judge_claim(claim, source, conditions, boot), "paper_verdict": paper["paper_verdict"],
+                     "paper_number": paper["paper_statistic"],
+                     "paper_self_consistent": _self_consistent(paper["paper_verdict"])})
+    return pd.DataFrame(rows).reindex(columns=SCORECARD_COLUMNS)

@@ -1,0 +1,149 @@
+"""`hnclip plan` (hnclip.report.plan): the paper profile's jobs, images, GPU-hours, disk and critical path
+before anything runs, at the paper's Table A3 rates or a measured throughput file, and the SLURM time
+limits the rules book from the same estimate (a Snakemake dry run reads them)."""
+import json
+import math
+import re
+import shutil
+
+import pytest
+from helpers.micro_project import ROOT, VENV_BIN, run
+
+from hnclip.cli import main
+from hnclip.config.registry import Registry
+from hnclip.errors import UserError
+from hnclip.report.plan import PAPER_RATES, build_plan, clip_parameters, model_config, parse_minutes
+
+# The paper's Table A1 and Table A3 (the plan's defaults for the paper profile).
+VG_TRAIN, URBAN1K_TEST, EPOCHS = 14_579, 1_000, 10
+STRUCTXLIP_RATE, PLAIN_RATE = 10.0, 55.5
+STRUCTXLIP_VG = re.compile(r"vg-structxlip-g0-tok0-live-f1-s42-[0-9a-f]{8}")
+# StructXLIP on VG: 10 epochs of VG paragraphs, and Urban-1K evaluated before training and after each epoch.
+TRAIN_IMAGES, EVAL_IMAGES = VG_TRAIN * EPOCHS, URBAN1K_TEST * (EPOCHS + 1)
+STRUCTXLIP_VG_HOURS = (TRAIN_IMAGES / STRUCTXLIP_RATE + EVAL_IMAGES / PLAIN_RATE) / 3600   # 4.10 h
+STRUCTXLIP_VG_LIMIT = 385   # 1.5 x 246.3 min + 15, up to a multiple of 5
+
+
+def structxlip_vg(plan):
+    (job,) = [job for job in plan.jobs.values() if job.rule == "train" and STRUCTXLIP_VG.fullmatch(job.key)]
+    return job
+
+
+def test_structxlip_on_vg_is_planned_from_its_images_and_the_paper_rate(params):
+    plan = build_plan(Registry(params, profile="paper"))
+    job = structxlip_vg(plan)
+    assert job.images == TRAIN_IMAGES + EVAL_IMAGES == 156_790
+    assert job.hours == pytest.approx(STRUCTXLIP_VG_HOURS) and 4.0 < job.hours < 4.2
+    assert job.after == ("auxiliary_segments:vg", "auxiliary_edges:vg")
+    assert plan.rates["structxlip"] == PAPER_RATES["structxlip"] and "Table A3" in plan.rates["structxlip"].source
+    # the SLURM time limit: above the estimate, by the stated safety factor and start-up allowance
+    assert plan.time_limit_min(job.name) == STRUCTXLIP_VG_LIMIT > job.hours * 60
+    assert plan.time_limit_min(job.name, attempt=2) == 2 * STRUCTXLIP_VG_LIMIT
+    # SAM on VG, then its edge maps, then StructXLIP on VG: the longest chain
+    assert [j.name for j in plan.critical_path()] == ["auxiliary_segments:vg", "auxiliary_edges:vg", job.name]
+    segments = plan.jobs["auxiliary_segments:vg"]
+    assert segments.images == VG_TRAIN and segments.hours == pytest.approx(VG_TRAIN * 8.6 / 3600)
+    # one training job per unique run; peak disk holds every run's outputs and resume area
+    assert sum(j.rule == "train" for j in plan.jobs.values()) == len(Registry(params, profile="paper").runs()) == 69
+    weights_gb = 4 * plan.parameters / 1e9
+    assert plan.disk["run outputs (69 x model.pt + model_selected.pt)"] == pytest.approx(69 * 2 * weights_gb)
+
+
+def test_hnclip_plan_prints_jobs_gpu_hours_and_the_critical_path(empty_project, capsys):
+    assert main(["plan", "--profile", "paper"]) == 0
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if STRUCTXLIP_VG.search(line) and line.startswith("  train:"))
+    assert line.split()[1:4] == ["156,790", f"{STRUCTXLIP_VG_HOURS:.2f}", str(STRUCTXLIP_VG_LIMIT)]
+    assert "427,747,841 parameters" in out and "vg       train       14,579  paper Table A1" in out
+    gpu_hours = re.search(r"^  total +92 GPU jobs +([\d,.]+) GPU-h", out, re.M)
+    assert gpu_hours and float(gpu_hours.group(1).replace(",", "")) > 100
+    critical = out.split("Critical path (")[1].splitlines()
+    assert critical[1].startswith("  auxiliary_segments:vg (34.8") and STRUCTXLIP_VG.search(critical[3])
+    assert re.search(r"^Peak disk .*\n(.*\n)*  total +[\d,.]+$", out, re.M)
+    assert "partition limit: none set" in out
+
+
+def test_a_job_over_the_partition_limit_is_flagged(empty_project, capsys, params):
+    assert main(["plan", "--profile", "paper", "--partition-limit", "1-00:00:00"]) == 1
+    out = capsys.readouterr().out
+    flagged = re.findall(r"^  (\S+): estimate", out, re.M)
+    assert flagged == ["auxiliary_segments:docci", "auxiliary_segments:vg"]
+    assert "resumes on each retry: 3 allocations" in out
+    plan = build_plan(Registry(params, profile="paper"), partition_limit=240)
+    assert structxlip_vg(plan) in plan.over_limit()
+    assert plan.time_limit_min(structxlip_vg(plan).name) == 240  # booked at the partition's limit
+    assert all(plan.limit_min(job) <= 240 for job in plan.jobs.values() if job not in plan.over_limit())
+
+
+def test_a_rates_file_overrides_the_paper_rates(empty_project, capsys, tmp_path):
+    rows = [{"benchmark": "throughput", "method": "plain", "mode": "compute_batch", "img_per_s": 111.0,
+             "shapes": {"model": "ViT-L-14-quickgelu"}, "device_name": "NVIDIA H100"},
+            {"benchmark": "throughput", "method": "plain", "mode": "accumulate", "img_per_s": 50.0},
+            {"benchmark": "throughput", "method": "structxlip", "img_per_s": 20.0}]
+    rates = tmp_path / "throughput.jsonl"
+    rates.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert main(["plan", "--profile", "paper", "--rates", str(rates)]) == 0
+    out = capsys.readouterr().out
+    # the paper profile encodes 128 pairs per forward: the compute_batch line counts, not the later one
+    hours = (TRAIN_IMAGES / 20.0 + EVAL_IMAGES / 111.0) / 3600
+    line = next(line for line in out.splitlines() if STRUCTXLIP_VG.search(line) and line.startswith("  train:"))
+    assert line.split()[2] == f"{hours:.2f}"
+    assert re.search(r"^  plain +111 +.*throughput.jsonl: plain \(compute_batch, ViT-L-14-quickgelu, NVIDIA H100",
+                     out, re.M)
+    assert re.search(rf"^  goal +{111 * 22 / 55.5:.3g} +.*Table A3's goal / plain ratio", out, re.M)
+    assert re.search(r"^  segments +0.116 +assumed 8.6 s", out, re.M)  # another model: kept
+    rates.write_text('{"method": "unknown", "img_per_s": 3}\n')
+    assert main(["plan", "--profile", "paper", "--rates", str(rates)]) == 2
+    assert "no line has a `method`" in capsys.readouterr().err
+
+
+def test_a_built_manifest_gives_the_dataset_size(empty_project, params):
+    manifest = empty_project / "data" / "real" / "vg" / "train.jsonl"
+    manifest.parent.mkdir(parents=True)
+    manifest.write_text("".join(json.dumps({"id": str(i)}) + "\n" for i in range(3)))
+    plan = build_plan(Registry(params, profile="paper"))
+    assert plan.sizes["vg", "train"] == (3, str(manifest.relative_to(empty_project)))
+    assert structxlip_vg(plan).images == 3 * EPOCHS + EVAL_IMAGES
+
+
+@pytest.mark.parametrize("text, minutes", [("2880", 2880), (90, 90), ("90:30", 91), ("48:00:00", 2880),
+                                           ("2-00:00:00", 2880), ("2-12", 3600), ("1-12:30", 2190)])
+def test_partition_limits_in_slurm_notation(text, minutes):
+    assert parse_minutes(text) == minutes  # SLURM's --time forms
+
+
+def test_a_malformed_partition_limit_is_a_user_error(empty_project, capsys):
+    assert main(["plan", "--profile", "paper", "--partition-limit", "two days"]) == 2
+    assert "partition limit 'two days'" in capsys.readouterr().err
+
+
+def test_parameter_count_from_the_model_config():
+    # measured with open_clip 3.3.0 (create_model at context 248, sum of numel)
+    assert clip_parameters(model_config("ViT-L-14-quickgelu")) == 427_747_841
+    assert clip_parameters(model_config("hnclip-tiny-w128")) == 7_992_321
+    assert clip_parameters(model_config("longclip-rehearsal")) == 3_328_385
+
+
+def test_the_rules_book_the_plans_time_limits_and_report_the_partition_limit(tmp_path, params):
+    """A Snakemake dry run of StructXLIP on VG (paper profile, with a one-day partition): the training
+    job books the plan's limit; SAM on VG, over the partition's limit, is reported and booked at it."""
+    for name in ("Snakefile", "params.yaml"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    shutil.copytree(ROOT / "workflow", tmp_path / "workflow")
+    job = structxlip_vg(build_plan(Registry(params, profile="paper")))
+    proc = run([str(VENV_BIN / "snakemake"), "-n", "--cores", "8", "--config", "profile=paper",
+                "planning={partition_limit: 1-00:00:00}", "--", f"results/runs/{job.key}/model.pt"], tmp_path)
+    runtimes = {m.group(1): int(m.group(2)) for m in
+                re.finditer(r"^rule (\w+):\n(?:    .*\n)*?    resources: .*runtime=(\d+)", proc.stdout, re.M)}
+    assert runtimes == {"train": STRUCTXLIP_VG_LIMIT, "auxiliary_segments": 1440,
+                        "auxiliary_edges": math.ceil((1.5 * VG_TRAIN / 10 / 60 + 15) / 5) * 5}
+    assert "hnclip plan: 2 job(s) need more than the partition limit of 1440 min" in proc.stderr
+    assert re.search(r"^  auxiliary_segments:vg: estimate 34.8 h, limit 3150 min; resumes", proc.stderr, re.M)
+
+
+def test_a_job_no_table_asks_for_gets_its_rules_longest_limit(params):
+    plan = build_plan(Registry(params, profile="paper"))
+    longest = max(plan.limit_min(job) for job in plan.jobs.values() if job.rule == "evaluate")
+    assert plan.time_limit_min(f"evaluate:{structxlip_vg(plan).key}/docci") == longest  # not a planned cell
+    with pytest.raises(UserError, match="no planned job 'unknown:x'"):
+        plan.time_limit_min("unknown:x")
