@@ -37,7 +37,8 @@ from hnclip.data.auxiliary.segments import (
     sam_input,
     segments_of,
 )
-from hnclip.data.synthetic import generate_split, render_scene
+from hnclip.data.synthetic import generate_split
+from hnclip.data.synthetic_images import render_scene
 from hnclip.rehearsal.models import save_tiny_clip, save_tiny_sam
 
 

@@ -18,20 +18,17 @@ import urllib3.util.retry
 from helpers.fault_server import FAST
 from helpers.payloads import blob, sha256, tar_bytes, tar_gz, zip_bytes
 
-from hnclip.data.download import (
+from hnclip.data.archives import extract_archive
+from hnclip.data.download import download_dataset
+from hnclip.data.download_errors import (
     ArchiveError,
     ChecksumMismatch,
     DownloadError,
     ManualStepRequired,
     OfflineError,
-    download_dataset,
-    download_file,
-    download_hub_file,
-    extract_archive,
-    marker_path,
-    part_path,
-    read_marker,
 )
+from hnclip.data.http_download import download_file, part_path
+from hnclip.data.hub_download import download_hub_file
 from hnclip.data.sources import (
     LONGCLIP_L_FIRST_UPLOAD,
     LONGCLIP_L_REVISION,
@@ -43,6 +40,7 @@ from hnclip.data.sources import (
     get_source,
     resolve_url,
 )
+from hnclip.data.verified_files import marker_path, read_marker
 
 # ---------------------------------------------------------------------------------------------
 # The fault-injecting server
@@ -371,7 +369,7 @@ def test_hf_endpoint_points_the_hub_download_elsewhere(server, tmp_path):
     data = blob(4096)
     path = server.add_hub("org/toy-data", COMMIT, "weights.bin", data, repo_type="dataset")
     dest = tmp_path / "weights.bin"
-    script = (f"from hnclip.data.download import download_hub_file\n"
+    script = (f"from hnclip.data.hub_download import download_hub_file\n"
               f"from hnclip.data.sources import SourceFile\n"
               f"download_hub_file(SourceFile(name='weights.bin', url=None, checksum={sha256(data)!r}, "
               f"hub_repo='org/toy-data', hub_repo_type='dataset', revision={COMMIT!r}), {str(dest)!r}, progress=False)")

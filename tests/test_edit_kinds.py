@@ -12,7 +12,8 @@ import pytest
 from hnclip.config import paths
 from hnclip.config.registry import Registry
 from hnclip.data.manifest import read_manifest, write_manifest
-from hnclip.data.synthetic import generate_split, scene_differences, split_edits, write_dataset
+from hnclip.data.synthetic import generate_split, split_edits, write_dataset
+from hnclip.data.synthetic_scenes import scene_differences
 from hnclip.errors import StaleArtifactError
 from hnclip.io import read_json, write_json
 from hnclip.report.edit_kinds import SEVERAL, benchmark_row_kinds, markdown_rows, r1_by_kind, row_kinds

@@ -14,8 +14,8 @@ import torch
 from PIL import Image
 
 from hnclip.data.auxiliary.lism import hf_clip_encoders
-from hnclip.data.download import verify_existing
 from hnclip.data.sources import get_source
+from hnclip.data.verified_files import verify_existing
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

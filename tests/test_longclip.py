@@ -22,7 +22,7 @@ from torchvision.transforms import (
 
 from hnclip import hashing
 from hnclip.config.registry import Registry
-from hnclip.data import download
+from hnclip.data import verified_files
 from hnclip.hashing import sha256_file
 from hnclip.models.longclip import (
     LONGCLIP_L_SHA256,
@@ -285,7 +285,7 @@ def _verified_as(checkpoint, directory, sha256: str):
     to `sha256` (loads trust the marker: a stand-in for the 1.7 GB files)."""
     path = directory / "longclip-L.pt"
     path.write_bytes(checkpoint.read_bytes())
-    download._write_marker(path, {"sha256": sha256}, "sha256", sha256, None)
+    verified_files._write_marker(path, {"sha256": sha256}, "sha256", sha256, None)
     return path
 
 
@@ -328,7 +328,7 @@ def test_hash_mismatch_can_be_opted_out_explicitly(checkpoint):
 
 @pytest.fixture
 def hash_calls(monkeypatch) -> list[str]:
-    """Every file hash computed from here on (the names data.download and the hashing module use)."""
+    """Every file hash computed from here on (the names data.verified_files and the hashing module use)."""
     calls = []
 
     def counted(function):
@@ -337,7 +337,7 @@ def hash_calls(monkeypatch) -> list[str]:
             return function(path, *args, **kwargs)
         return wrapper
 
-    for module in (download, hashing):
+    for module in (verified_files, hashing):
         for name in ("sha256_file", "hash_file"):
             monkeypatch.setattr(module, name, counted(getattr(module, name)))
     return calls
@@ -348,7 +348,7 @@ def _downloaded(directory, state_dict) -> tuple[str, str]:
     path = directory / "longclip-L.pt"
     torch.save(state_dict, path)
     sha = sha256_file(path)
-    assert download.verify_existing(path, sha) and download.read_marker(path)["sha256"] == sha
+    assert verified_files.verify_existing(path, sha) and verified_files.read_marker(path)["sha256"] == sha
     return path, sha
 
 

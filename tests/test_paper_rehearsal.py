@@ -21,7 +21,8 @@ from helpers.fault_server import FAST
 from hnclip.config import paths
 from hnclip.config.params import load_params
 from hnclip.config.registry import Registry
-from hnclip.data.download import ChecksumMismatch, DownloadError, download_dataset
+from hnclip.data.download import download_dataset
+from hnclip.data.download_errors import ChecksumMismatch, DownloadError
 from hnclip.data.rehearsal_sources import REHEARSAL_PINS, rehearsal_sources
 from hnclip.data.source_tables import profile_source
 from hnclip.data.sources import SOURCES

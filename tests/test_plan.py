@@ -12,7 +12,10 @@ from helpers.micro_project import ROOT, VENV_BIN, run
 from hnclip.cli import main
 from hnclip.config.registry import Registry
 from hnclip.errors import UserError
-from hnclip.report.plan import PAPER_RATES, build_plan, clip_parameters, model_config, parse_minutes
+from hnclip.report.plan import build_plan
+from hnclip.report.plan_model_size import clip_parameters, model_config
+from hnclip.report.plan_rates import PAPER_RATES
+from hnclip.report.plan_settings import parse_minutes
 
 # The paper's Table A1 and Table A3 (the plan's defaults for the paper profile).
 VG_TRAIN, URBAN1K_TEST, EPOCHS = 14_579, 1_000, 10

@@ -13,7 +13,8 @@ from helpers.fault_server import FAST
 from helpers.payloads import sha256, tar_gz, zip_bytes
 from PIL import Image
 
-from hnclip.data.download import ChecksumMismatch, ManualStepRequired, download_dataset
+from hnclip.data.download import download_dataset
+from hnclip.data.download_errors import ChecksumMismatch, ManualStepRequired
 from hnclip.data.manifest import ManifestRow, read_manifest
 from hnclip.data.real import (
     PAPER_TABLE_A1,

@@ -18,9 +18,9 @@ from hnclip.data.synthetic import (
     VARIANTS,
     dataset_fingerprint,
     generate_split,
-    scene_differences,
     write_dataset,
 )
+from hnclip.data.synthetic_scenes import scene_differences
 
 FAMILY_VARIANTS = [name for name, spec in VARIANTS.items() if spec.family_size > 1]
 

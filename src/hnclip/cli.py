@@ -142,7 +142,8 @@ def cmd_overlap(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    from hnclip.report.plan import build_plan, format_plan
+    from hnclip.report.plan import build_plan
+    from hnclip.report.plan_render import format_plan
     args.profile = args.plan_profile or args.profile
     plan = build_plan(_registry(args), rates=args.rates, partition_limit=args.partition_limit)
     print(format_plan(plan), end="")

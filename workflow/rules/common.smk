@@ -136,7 +136,8 @@ def all_targets():
 
 # ---- DVC metrics and plots; threads, memory and GPU slots -----------------------------------------
 from hnclip.report import metrics as dvc_metrics  # where `hnclip metrics` writes (rule metrics)
-from hnclip.report.plan import build_plan, evaluation_encodes as encodes
+from hnclip.report.plan import build_plan
+from hnclip.report.plan_estimates import evaluation_encodes as encodes
 
 # Pretraining (the embedded backbone's) runs alone at the head of the DAG, on a fixed number of
 # threads rather than all cores: its float reductions depend on the thread count, so the initial

@@ -7,6 +7,12 @@ RESULTS = Path("results")
 FIGURES = Path("figures")
 CHECKPOINTS = Path(".cache/checkpoints")  # outside Snakemake's outputs: survives a failed job
 EVAL_CACHE = Path(".cache/initial_eval")  # evaluations of initial weights, shared by the runs that start from them
+LOGS = Path("logs")
+
+
+def curves_dir(profile: str, run_id: str) -> Path:
+    """A run's TensorBoard curves: `tensorboard --logdir logs/<profile>` shows the profile's runs side by side."""
+    return LOGS / profile / run_id
 
 
 def manifest(data_root: str, dataset: str, split: str) -> Path:

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
 from hnclip.config.constants import CONTEXT_LENGTH as LONG_CONTEXT
-from hnclip.data.download import recorded_sha256
 from hnclip.data.manifest import ManifestError, ManifestRow, write_manifest
+from hnclip.data.verified_files import recorded_sha256
 from hnclip.io import read_json, read_jsonl
 
 # The paper's Table A1 (#train, #test), keyed like params.yaml's datasets; Long-DCI is DCI's

@@ -26,8 +26,8 @@ from open_clip.model import CLIP
 from open_clip.tokenizer import SimpleTokenizer
 from open_clip.transform import image_transform
 
-from hnclip.data.download import recorded_sha256
 from hnclip.data.sources import LONGCLIP_L, LONGCLIP_L_SHA256  # noqa: F401 - the current release's pin
+from hnclip.data.verified_files import recorded_sha256
 from hnclip.errors import UserError
 from hnclip.runtime.device import resolve_device
 

@@ -2,8 +2,8 @@
 serves in place of Long-CLIP-L, SAM ViT-H and CLIP ViT-L/14-336 (the tests use them too).
 
 - `longclip_layout_state_dict`: a Long-CLIP checkpoint's exact key layout (OpenAI CLIP names plus
-  `positional_embedding_res`), at any width; `hnclip.models.longclip.load_longclip` reads it as it
-  reads `longclip-L.pt`.
+  `positional_embedding_res`), at any width and depth (`LONGCLIP_L`: the real one's);
+  `hnclip.models.longclip.load_longclip` reads it as it reads `longclip-L.pt`.
 - `save_tiny_sam`: a random `SamModel` with its image processor, as the Hub repo holds them
   (config.json, preprocessor_config.json, model.safetensors), loaded by transformers'
   "mask-generation" pipeline.
@@ -24,6 +24,10 @@ import torch
 
 LONGCLIP_VOCAB = 49408    # CLIP's BPE vocabulary: the token embedding has this many rows
 LONGCLIP_CONTEXT = 248    # Long-CLIP's text context
+# Long-CLIP-L's architecture (ViT-L/14 at 224 px, a 768-wide 12-block text tower), as
+# `longclip_layout_state_dict` arguments: the released longclip-L.pt's shapes
+LONGCLIP_L = {"width": 1024, "layers": 24, "image": 224, "patch": 14, "embed": 768, "text_width": 768,
+              "text_layers": 12}
 
 
 def _block_tensors(prefix: str, width: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
@@ -48,9 +52,14 @@ def _block_tensors(prefix: str, width: int, gen: torch.Generator) -> dict[str, t
 
 def longclip_layout_state_dict(*, width: int = 64, layers: int = 2, image: int = 32, patch: int = 8,
                                embed: int = 64, vocab: int = LONGCLIP_VOCAB, context: int = LONGCLIP_CONTEXT,
-                               seed: int = 0, with_res: bool = True) -> dict[str, torch.Tensor]:
-    """A random state dict with exactly the released Long-CLIP key layout (both towers `width` wide,
-    `layers` deep). `with_res=False` leaves out `positional_embedding_res` (a plain OpenAI layout)."""
+                               seed: int = 0, with_res: bool = True, text_width: int | None = None,
+                               text_layers: int | None = None) -> dict[str, torch.Tensor]:
+    """A random state dict with exactly the released Long-CLIP key layout: the image tower `width` wide
+    and `layers` deep, the text tower `text_width` wide and `text_layers` deep (default: as the image
+    tower; Long-CLIP-L is `LONGCLIP_L`). `with_res=False` leaves out `positional_embedding_res` (a plain
+    OpenAI layout)."""
+    text_width = width if text_width is None else text_width
+    text_layers = layers if text_layers is None else text_layers
     gen = torch.Generator().manual_seed(seed)
 
     def randn(*shape, std):
@@ -70,17 +79,17 @@ def longclip_layout_state_dict(*, width: int = 64, layers: int = 2, image: int =
         "visual.ln_post.weight": 1 + randn(width, std=0.1),
         "visual.ln_post.bias": randn(width, std=0.02),
         "visual.proj": randn(width, embed, std=width ** -0.5),
-        "token_embedding.weight": randn(vocab, width, std=0.1),
-        "positional_embedding": randn(context, width, std=0.1),
+        "token_embedding.weight": randn(vocab, text_width, std=0.1),
+        "positional_embedding": randn(context, text_width, std=0.1),
     })
     if with_res:  # deliberately different from positional_embedding, so a wrong merge shows
-        sd["positional_embedding_res"] = randn(context, width, std=0.1)
-    for layer in range(layers):
-        sd.update(_block_tensors(f"transformer.resblocks.{layer}", width, gen))
+        sd["positional_embedding_res"] = randn(context, text_width, std=0.1)
+    for layer in range(text_layers):
+        sd.update(_block_tensors(f"transformer.resblocks.{layer}", text_width, gen))
     sd.update({
-        "ln_final.weight": 1 + randn(width, std=0.1),
-        "ln_final.bias": randn(width, std=0.02),
-        "text_projection": randn(width, embed, std=width ** -0.5),
+        "ln_final.weight": 1 + randn(text_width, std=0.1),
+        "ln_final.bias": randn(text_width, std=0.02),
+        "text_projection": randn(text_width, embed, std=text_width ** -0.5),
         "logit_scale": torch.tensor(math.log(100.0)),
     })
     return sd

@@ -105,6 +105,27 @@ def resolve_device(requested: str | torch.device = "auto") -> torch.device:
     return _torch_device(kind, index)
 
 
+def configure_tf32(device: torch.device | str, enabled: bool = True) -> bool | None:
+    """TF32 for fp32 matmuls and convolutions on CUDA (execution.tf32, default on): fp32 evaluation, the
+    gradient probe's fp32 half, FineLIP's fp32 training, SAM and the matcher run on tensor cores with a
+    10-bit mantissa instead of full fp32, several times faster on A100/H100-class GPUs. Returns the
+    setting in force for the records: True/False on CUDA, None where TF32 does not apply (CPU, NPU, MPS)."""
+    kind = device.type if isinstance(device, torch.device) else parse_device(device)[0]
+    if kind != "cuda":
+        return None
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    torch.backends.cudnn.allow_tf32 = enabled
+    return enabled
+
+
+def compute_device(execution: dict, requested: str | None = None) -> torch.device:
+    """The device a job computes on (`resolve_device` of execution.device, or `requested`), with TF32 set
+    as execution.tf32 asks (`configure_tf32`)."""
+    device = resolve_device(requested or execution["device"])
+    configure_tf32(device, execution.get("tf32", True))
+    return device
+
+
 def empty_cache(device: torch.device | str) -> None:
     """Hand the caching allocator's unused blocks on `device`'s backend back to the device: CUDA,
     Ascend NPU (`torch.npu`, present once torch_npu is imported) or MPS; nothing to do on the CPU."""

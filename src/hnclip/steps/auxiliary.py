@@ -72,13 +72,13 @@ def _segments(reg: Registry, manifest: Path, out_dir: Path) -> dict:
     import torch
 
     from hnclip.data.auxiliary.lism import LismSettings, backbone_encoders, build_lism, hf_clip_encoders
-    from hnclip.runtime.device import resolve_device
+    from hnclip.runtime.device import compute_device
     from hnclip.runtime.gpu_slots import acquire_slot
 
     settings, data_root = reg.profile["auxiliary"], reg.profile["data_root"]
     torch.set_num_threads(reg.profile["execution"]["threads"])
     with acquire_slot():
-        device = str(resolve_device(reg.profile["execution"]["device"]))
+        device = str(compute_device(reg.profile["execution"]))
         segmenter = _segmenter(settings["segmenter"], data_root, device)
         if settings["matcher"]["kind"] == "backbone":
             from hnclip.models.factory import backbone_pin, load_backbone

@@ -12,8 +12,9 @@ from hnclip.io import write_json
 
 def download_source(reg: Registry, source: str, mirror: str | None = None) -> Path:
     """Download `source` into the profile's data root; returns the directory of verified files."""
-    from hnclip.data.download import download_dataset, verification_facts
+    from hnclip.data.download import download_dataset
     from hnclip.data.source_tables import profile_source
+    from hnclip.data.verified_files import verification_facts
     started = time.time()
     files = download_dataset(source, Path(reg.profile["data_root"]), mirror=mirror,
                              source=profile_source(reg.profile, source))  # the profile's table and pins

@@ -29,13 +29,13 @@ def _encode_and_score(reg, backbone, manifest) -> dict:
 
     from hnclip.data.loader import PairDataset
     from hnclip.evaluation.retrieval import evaluate_model
-    from hnclip.runtime.device import resolve_device
+    from hnclip.runtime.device import compute_device
     from hnclip.runtime.gpu_slots import acquire_slot
     execution, evaluation = reg.profile["execution"], reg.params["evaluation"]
     torch.set_num_threads(execution["threads"])
     dataset = PairDataset.from_manifest(manifest, backbone.preprocess, backbone.tokenizer)
     with acquire_slot():
-        device = resolve_device(execution["device"])
+        device = compute_device(execution)
         return evaluate_model(backbone.model.to(device), dataset, evaluation["recall_ks"], evaluation["tie_rule"],
                               execution["eval_batch_size"], device)
 

@@ -58,7 +58,7 @@ def caption_statistics(reg: Registry, benchmark: str) -> Path:
     from hnclip.data.manifest import read_manifest
     from hnclip.evaluation.caption_geometry import caption_geometry, length_statistics
     from hnclip.models.factory import backbone_pin, load_backbone
-    from hnclip.runtime.device import resolve_device
+    from hnclip.runtime.device import compute_device
     from hnclip.runtime.gpu_slots import acquire_slot
 
     started = time.time()
@@ -75,7 +75,7 @@ def caption_statistics(reg: Registry, benchmark: str) -> Path:
     batch = first_training_batch(len(train_rows), micro_batch, seed, A5_BATCH)
     torch.set_num_threads(reg.profile["execution"]["threads"])
     with acquire_slot():  # the GPU the SLURM/local profile booked for this job
-        device = resolve_device(reg.profile["execution"]["device"])
+        device = compute_device(reg.profile["execution"])
         model = backbone.model.to(device).eval()
         features = _encode(model, backbone.tokenizer, captions, device)
         batch_features = _encode(model, backbone.tokenizer, [train_rows[i].caption for i in batch], device)

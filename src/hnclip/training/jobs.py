@@ -34,7 +34,7 @@ def finetune_job(reg: Registry, run_id: str):
         selection_benchmark=own_benchmark(reg.eval_benchmarks(run.train_set)),
         out_dir=paths.run_dir(run_id), checkpoint_dir=paths.checkpoint_dir(run_id),
         execution=execution, evaluation=reg.params["evaluation"],
-        eval_cache_dir=paths.EVAL_CACHE, auxiliary=auxiliary,
+        eval_cache_dir=paths.EVAL_CACHE, auxiliary=auxiliary, curves_dir=paths.curves_dir(reg.profile_name, run_id),
         extra_inputs={f"auxiliary:{kind}": path for kind, path in auxiliary.items()})
 
 
@@ -65,4 +65,5 @@ def pretrain_job(reg: Registry, name: str):
         eval_manifests={"pretrain_test": paths.manifest(data_root, PRETRAIN_ROLE, "test")},
         out_dir=paths.backbone_dir(name), checkpoint_dir=paths.checkpoint_dir(f"backbone-{name}"),
         execution={**reg.profile["execution"], "keep_epoch_weights": False, "grad_probe_every": 0},
-        evaluation=reg.params["evaluation"], evaluate_epochs="last")  # on the critical path: one evaluation
+        evaluation=reg.params["evaluation"], evaluate_epochs="last",  # on the critical path: one evaluation
+        curves_dir=paths.curves_dir(reg.profile_name, f"backbone-{name}"))

@@ -29,27 +29,28 @@ from tqdm import tqdm
 from hnclip.data.loader import PairDataset, subset_indices
 from hnclip.errors import UserError
 from hnclip.losses.objective import with_run_seed
-from hnclip.runtime.device import autocast_context
+from hnclip.runtime.device import autocast_context, configure_tf32
 from hnclip.training import memory
 from hnclip.training.batching import accumulation_groups, epoch_micro_batches
 from hnclip.training.checkpoint import load_checkpoint, save_checkpoint
+from hnclip.training.curves import TrainingCurves
 from hnclip.training.distributed import Distributed, distributed_session
 from hnclip.training.epoch_eval import end_of_epoch, initial_evaluation
 from hnclip.training.faults import Faults
 from hnclip.training.frameworks import TrainedModel
 from hnclip.training.methods import Method, Position, build_method
 from hnclip.training.model_setup import build_model, effective_precision
-from hnclip.training.outputs import clear_resume_area, record_settings, run_origin, write_outputs
-from hnclip.training.probe import GradientProbe, probe_summary
-from hnclip.training.schedule import (
-    build_optimizer,
-    clamp_logit_scale,
-    cosine_lr,
-    param_group_summary,
-    set_learning_rates,
+from hnclip.training.outputs import (
+    clear_resume_area,
+    record_settings,
+    run_origin,
+    training_summary,
+    write_outputs,
 )
+from hnclip.training.probe import GradientProbe
+from hnclip.training.schedule import build_optimizer, clamp_logit_scale, cosine_lr, set_learning_rates
 from hnclip.training.selection import prune_selected, selected_weights_file
-from hnclip.training.state import LoopState
+from hnclip.training.state import LoopState, timed
 from hnclip.training.step import (
     NonFiniteLossError,  # noqa: F401 - part of this module's API
     gradient_norm,
@@ -84,6 +85,7 @@ class TrainJob:
     evaluate_epochs: str = "every"
     # the sha256 a downloaded init checkpoint must have (the profile's source table); None: the release's pin
     init_sha256: str | None = None
+    curves_dir: Path | None = None   # TensorBoard curves of this run (logs/<profile>/<run>; None: none)
 
 
 def train(job: TrainJob) -> dict:
@@ -111,6 +113,7 @@ class _Run:
     total_steps: int
     eval_sets: dict
     faults: Faults
+    tf32: bool | None       # TF32 matmuls on CUDA (None: not applicable on this device)
 
     @property
     def recipe(self) -> dict:
@@ -126,6 +129,7 @@ def _prepare(job: TrainJob, distributed: Distributed) -> _Run:
     torch.set_num_threads(execution["threads"])
     torch.manual_seed(spec["seed"])  # the same on every rank: identical initial (adapter) weights
     device = distributed.device(execution["device"])
+    tf32 = configure_tf32(device, execution.get("tf32", True))
     backbone, trained, frozen_text = build_model(job, device)
     cache = execution.get("cache_images", True)
     train_set = PairDataset.from_manifest(job.train_manifest, backbone.preprocess, backbone.tokenizer, cache)
@@ -152,7 +156,7 @@ def _prepare(job: TrainJob, distributed: Distributed) -> _Run:
                 trained, frozen_text, method, build_optimizer(trained.module, recipe, method.extra_module),
                 group_backward_mode(recipe, execution, method),
                 GradientProbe.from_settings(execution, objective) if method.encodes_plain_pairs else None,
-                indices, micro_per_epoch, total_steps, eval_sets, Faults.from_env())
+                indices, micro_per_epoch, total_steps, eval_sets, Faults.from_env(), tf32)
 
 
 def _resume(run: _Run) -> tuple[LoopState, memory.MemoryPlan]:
@@ -230,22 +234,43 @@ def _optimizer_step(run: _Run, state: LoopState, plan: memory.MemoryPlan, epoch:
 def _train(job: TrainJob, distributed: Distributed) -> dict:
     started = time.time()
     run = _prepare(job, distributed)
-    recipe, main, micro = run.recipe, distributed.is_main, run.recipe["micro_batch"]
+    main = distributed.is_main
     state, plan = _resume(run)
     resumed_from = state.step or None
     if main:
         selected_weights_file(job, state.history)  # a resume area that lost them fails now, not after training
     if main and state.initial_eval is None:  # the starting point (zero-shot init), for "does fine-tuning help?"
-        with _timed(state.timers, "eval_s"):
+        with timed(state.timers, "eval_s"):
             state.initial_eval = initial_evaluation(run.trained.export(), run.eval_sets, job, run.device)
     progress = tqdm(total=run.total_steps, initial=state.step, desc=job.run_id, unit="step", disable=not main,
                     mininterval=1 if sys.stderr.isatty() else 15, file=sys.stderr)
+    curves = TrainingCurves(job.curves_dir if main else None, state.step)
+    try:
+        _epochs(run, state, plan, progress, curves)
+    finally:
+        curves.close()
+    progress.close()
+    wall = time.time() - started
+    if not main:
+        return {"run_id": job.run_id, "rank": distributed.rank, "optimizer_steps": state.step, "wall_time_s": wall}
+    record = write_outputs(job, run.trained.export(), state, wall, resumed_from, run.device,
+                           training_summary(run, state, plan))
+    clear_resume_area(job)
+    return record
+
+
+def _epochs(run: _Run, state: LoopState, plan: memory.MemoryPlan, progress, curves: TrainingCurves) -> None:
+    """Train from the state's position to the last epoch, evaluating and checkpointing each epoch's end."""
+    job, recipe, main, micro = run.job, run.recipe, run.distributed.is_main, run.recipe["micro_batch"]
     for epoch in range(state.epoch, recipe["epochs"]):
         groups = accumulation_groups(epoch_micro_batches(run.indices, micro, job.spec["seed"], epoch),
                                      recipe["grad_accum"])
         for group_index in range(state.group, len(groups)):
-            with _timed(state.timers, "train_s"):
+            step_started = time.time()
+            with timed(state.timers, "train_s"):
                 records = _optimizer_step(run, state, plan, epoch, group_index, groups[group_index])
+            curves.step(state.steps[-1], micro * state.steps[-1]["micro_batches"], time.time() - step_started,
+                        run.device)
             state.memory = plan.as_dict()
             progress.update(1)
             progress.set_postfix(loss=f"{records[-1]['total']:.3g}", refresh=False)
@@ -254,41 +279,12 @@ def _train(job: TrainJob, distributed: Distributed) -> dict:
                 save_checkpoint(job.checkpoint_dir, job.spec_hash, run.trained, run.optimizer, state)
             run.faults.after_step(state.step)
         if main:
-            with _timed(state.timers, "eval_s"):
+            with timed(state.timers, "eval_s"):
                 state.history.append(end_of_epoch(job, run.trained, state, epoch, run.eval_sets, run.device,
                                                   run.method.loss_names))
+            curves.epoch(state.history[-1])
         state.epoch, state.group, state.epoch_records = epoch + 1, 0, []
         if main:
             save_checkpoint(job.checkpoint_dir, job.spec_hash, run.trained, run.optimizer, state)
             prune_selected(job, state.history)
-        distributed.barrier()  # the other ranks wait for rank 0's evaluation and checkpoint
-    progress.close()
-    wall = time.time() - started
-    if not main:
-        return {"run_id": job.run_id, "rank": distributed.rank, "optimizer_steps": state.step, "wall_time_s": wall}
-    record = write_outputs(job, run.trained.export(), state, wall, resumed_from, run.device,
-                           _training_summary(run, state, plan))
-    clear_resume_area(job)
-    return record
-
-
-def _training_summary(run: _Run, state: LoopState, plan: memory.MemoryPlan) -> dict:
-    """How the run trained, for train.json."""
-    execution, recipe = run.job.execution, run.recipe
-    return {"framework": run.trained.framework, "batch_mode": run.mode, "compute_batch": plan.compute_batch,
-            "activation_checkpointing": plan.activation_checkpointing, "memory_fallbacks": plan.fallbacks,
-            "precision": {"requested": recipe.get("precision", "fp32"), "effective": run.precision},
-            "processes": run.distributed.world_size, "grad_probe": probe_summary(run.probe, state.grad_probe),
-            "grad_probe_precision": execution.get("grad_probe_precision", "fp32") if run.probe else None,
-            "timing_s": dict(state.timers), "method": run.method.summary,
-            "released_costs": execution.get("cost_only_steps", {}),
-            "param_groups": param_group_summary(run.optimizer)}
-
-
-@contextlib.contextmanager
-def _timed(timers: dict, key: str):
-    started = time.time()
-    try:
-        yield
-    finally:
-        timers[key] += time.time() - started
+        run.distributed.barrier()  # the other ranks wait for rank 0's evaluation and checkpoint

@@ -10,6 +10,8 @@ from hnclip import provenance
 from hnclip.hashing import file_sha256
 from hnclip.io import write_json, write_jsonl
 from hnclip.models.factory import save_weights
+from hnclip.training.probe import probe_summary
+from hnclip.training.schedule import param_group_summary
 from hnclip.training.selection import require_weights, write_selected
 from hnclip.training.state import LoopState
 
@@ -29,7 +31,7 @@ def record_settings(job) -> dict:
 def run_origin(job) -> dict:
     """The content a run starts from: sha256 of its initial weights (a download's from its verified marker)
     and of its training manifest. A resume checkpoint is used only from the same (see load_checkpoint)."""
-    from hnclip.data.download import recorded_sha256
+    from hnclip.data.verified_files import recorded_sha256
     return {"init_weights": recorded_sha256(job.init_path) if job.init_path else None,
             "train_manifest": file_sha256(job.train_manifest)}
 
@@ -68,6 +70,20 @@ def write_outputs(job, model, state: LoopState, wall: float, resumed_from, devic
                **throughput(job, state, wall, training["timing_s"])})
     write_json(job.out_dir / "train.json", record)
     return record
+
+
+def training_summary(run, state: LoopState, plan) -> dict:
+    """How the run trained (`loop._Run`, its memory plan), for train.json's `training`."""
+    execution, recipe = run.job.execution, run.recipe
+    return {"framework": run.trained.framework, "batch_mode": run.mode, "compute_batch": plan.compute_batch,
+            "activation_checkpointing": plan.activation_checkpointing, "memory_fallbacks": plan.fallbacks,
+            "precision": {"requested": recipe.get("precision", "fp32"), "effective": run.precision},
+            "tf32": run.tf32,
+            "processes": run.distributed.world_size, "grad_probe": probe_summary(run.probe, state.grad_probe),
+            "grad_probe_precision": execution.get("grad_probe_precision", "fp32") if run.probe else None,
+            "timing_s": dict(state.timers), "method": run.method.summary,
+            "released_costs": execution.get("cost_only_steps", {}),
+            "param_groups": param_group_summary(run.optimizer)}
 
 
 def clear_resume_area(job) -> list[Path]:

@@ -2,6 +2,8 @@
 stores of it (a plain dict of built-in types, so the checkpoint loads with `weights_only=True`)."""
 from __future__ import annotations
 
+import contextlib
+import time
 from dataclasses import asdict, dataclass, field, fields
 
 
@@ -36,3 +38,13 @@ class LoopState:
             state.memory = {"compute_batch": saved["compute_batch_used"], "activation_checkpointing": False,
                             "fallbacks": []}
         return state
+
+
+@contextlib.contextmanager
+def timed(timers: dict, key: str):
+    """Add the block's wall time to timers[key] (the state's eval_s, probe_s, train_s)."""
+    started = time.time()
+    try:
+        yield
+    finally:
+        timers[key] += time.time() - started
