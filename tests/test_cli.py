@@ -13,7 +13,7 @@ import sys
 import pytest
 import yaml
 
-from hnclip.cli import main
+from hnclip.cli import build_parser, main
 from hnclip.config.params import load_params
 from hnclip.config.registry import Registry
 
@@ -47,6 +47,14 @@ def test_unknown_table_names_the_known_ones(empty_project, capsys):
                                             ("gamma=0.33", "no cell of table3a matches")])
 def test_cell_with_a_bad_set(empty_project, capsys, setting, cause):
     assert cause in one_error_line(["cell", "table3a", "--set", setting, "--dry-run"], capsys)
+
+
+@pytest.mark.parametrize("option", ["--benchmark", "--dataset"])
+def test_cell_takes_a_benchmark_also_under_its_old_name(empty_project, capsys, option):
+    """`--dataset` was the option's first name (it always took a benchmark): hidden, it still works."""
+    assert build_parser().parse_args(["cell", "table3a", option, "long_dci"]).benchmark == "long_dci"
+    line = one_error_line(["cell", "table3a", option, "vg", "--dry-run"], capsys)  # vg trains, it is no benchmark
+    assert "table3a has no benchmark 'vg'" in line and "long_dci" in line
 
 
 def test_lineage_of_a_table_not_built(empty_project, capsys):

@@ -197,6 +197,8 @@ def hnclip_problems(args: list[str], parser: argparse.ArgumentParser | None = No
                 problems.append(f"{parser.prog}: unknown option {flag}")
                 i += 1
                 continue
+            if action.help == argparse.SUPPRESS:  # a hidden alias kept for old scripts: pages use the current name
+                problems.append(f"{parser.prog}: deprecated option {flag}")
             value = word.split("=", 1)[1] if has_value else (args[i + 1] if i + 1 < len(args) else "")
             if action.dest == "profile":
                 problems += _name_problems("profile", value)
@@ -403,9 +405,22 @@ def planned_runs(profile: str, optional_tables: tuple[str, ...] | None = None) -
     return len(Registry(params, profile, validate=False).runs())
 
 
-# Every count of planned training runs that a page states, as (page, a pattern around the count, the
-# registry's count): a page that says another number fails here, and one that rewords the sentence must
-# keep a pattern here that reads it.
+@functools.cache
+def planned_runs_of(profile: str, *frameworks: str) -> int:
+    """How many of a profile's planned training runs train one of these frameworks."""
+    runs = Registry(copy.deepcopy(_params()), profile, validate=False).runs().values()
+    return sum(run.spec["objective"]["framework"] in frameworks for run in runs)
+
+
+@functools.cache
+def planned_evaluations(profile: str) -> int:
+    """How many evaluation jobs (run x benchmark, zero-shot included) the registry plans for a profile."""
+    return len(Registry(copy.deepcopy(_params()), profile, validate=False).evaluations())
+
+
+# Every count of planned training runs (and evaluations) that a page states, as (page, a pattern around the
+# count, the registry's count): a page that says another number fails here, and one that rewords the
+# sentence must keep a pattern here that reads it.
 RUN_COUNTS = [
     ("README.md", r"fine-tunes\s+the\s+(\d+)\s+runs", lambda: planned_runs("tiny")),
     ("README.md", r"\| `tiny` \(default\) \|[^|\n]*\| (\d+) \|", lambda: planned_runs("tiny")),
@@ -425,6 +440,17 @@ RUN_COUNTS = [
     ("docs/profiles.md", r"\[tableX1\]`,\s+(\d+)\s+runs", lambda: planned_runs("tiny") - planned_runs("tiny", ())),
     ("docs/rehearsal.md", r"the\s+same\s+(\d+)\s+training\s+runs", lambda: planned_runs("paper_rehearsal")),
     ("docs/rehearsal.md", r"all\s+(\d+)\s+runs\s+were\s+trained", lambda: planned_runs("paper_rehearsal")),
+    ("docs/rehearsal.md", r"training\s+runs,\s+(\d+)\s+evaluations", lambda: planned_evaluations("paper_rehearsal")),
+    ("docs/paper-run.md", r"trains\s+the\s+(\d+)\s+training\s+runs", lambda: planned_runs("paper")),
+    # the pasted `hnclip plan` excerpt and the GPU-memory table by framework
+    ("docs/paper-run.md", r"\n  train\s+(\d+) jobs", lambda: planned_runs("paper")),
+    ("docs/paper-run.md", r"\n  evaluate\s+(\d+) jobs", lambda: planned_evaluations("paper")),
+    ("docs/paper-run.md", r"run outputs \((\d+) x model\.pt", lambda: planned_runs("paper")),
+    ("docs/paper-run.md", r"\| `full` \([^|\n]*\) \| (\d+) \|", lambda: planned_runs_of("paper", "full")),
+    ("docs/paper-run.md", r"\| `lora`, `dora` \| (\d+) \|", lambda: planned_runs_of("paper", "lora", "dora")),
+    ("docs/paper-run.md", r"\| `finelip` \| (\d+) \|", lambda: planned_runs_of("paper", "finelip")),
+    ("docs/paper-run.md", r"\| `goal` \| (\d+) \|", lambda: planned_runs_of("paper", "goal")),
+    ("docs/paper-run.md", r"\| `structxlip` \| (\d+) \|", lambda: planned_runs_of("paper", "structxlip")),
 ]
 
 
@@ -451,13 +477,14 @@ def test_link_checker_flags_missing_files_headings_and_escapes(tmp_path):
 
 
 def test_hnclip_checker_flags_unknown_verbs_flags_choices_and_names():
-    good = ("```bash\n.venv/bin/hnclip --profile tiny_seeds cell table3a --dataset docci --set gamma=0.25 -n\n"
+    good = ("```bash\n.venv/bin/hnclip --profile tiny_seeds cell table3a --benchmark docci --set gamma=0.25 -n\n"
             "torchrun --nproc_per_node 8 -m hnclip --profile paper train --run-id <run-id>\n```\n"
             "`hnclip <verb>` and `hnclip lineage` and `hnclip auxiliary edges --dataset vg`\n")
     assert command_problems(good) == []
     for broken, expected in [
             ("```bash\n.venv/bin/hnclip frobnicate --table table1\n```", "unknown verb 'frobnicate'"),
             ("`hnclip cell table3a --datset docci`", "hnclip cell: unknown option --datset"),
+            ("`hnclip cell table3a --dataset docci`", "hnclip cell: deprecated option --dataset"),
             ("`hnclip runs --tab table1`", "hnclip runs: unknown option --tab"),  # no abbreviations
             ("`hnclip lineage t.csv --profile tiny --cell x`", "hnclip lineage: unknown option --profile"),
             ("`hnclip auxiliary masks --dataset docci`", "'masks' is not one of ['edges', 'segments']"),

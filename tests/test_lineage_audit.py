@@ -13,7 +13,7 @@ from helpers.micro_project import copy_project
 from hnclip.errors import UnknownNameError
 from hnclip.hashing import sha256_file
 from hnclip.io import read_json
-from hnclip.provenance import audit as audit_module
+from hnclip.provenance import audit_dvc
 from hnclip.provenance.audit import audit, main_audit
 from hnclip.provenance.lineage import format_lineage, iter_nodes, lineage, lineage_json
 
@@ -235,7 +235,7 @@ def test_audit_catches_and_names_each_tampering(case, micro_project, tmp_path, c
 
 def test_without_dvc_the_lock_files_md5_are_still_checked(micro_project, tmp_path, monkeypatch):
     proj = copy_project(micro_project, tmp_path / "proj")
-    monkeypatch.setattr(audit_module, "dvc_available", lambda: False)
+    monkeypatch.setattr(audit_dvc, "dvc_available", lambda: False)
     assert audit(proj) == []
     with open(proj / "Snakefile", "a") as handle:
         handle.write("\n")

@@ -23,7 +23,8 @@ from hnclip.evaluation.selection import own_benchmark
 from hnclip.hashing import sha256_file, state_dict_digest
 from hnclip.io import read_json
 from hnclip.models import factory
-from hnclip.provenance import audit as audit_module
+from hnclip.provenance.audit_claims import Auditor
+from hnclip.provenance.audit_runs import check_evaluation
 from hnclip.provenance.lineage import iter_nodes, lineage
 from hnclip.report import build, tables
 from hnclip.steps.evaluate import evaluate_run
@@ -219,12 +220,12 @@ def test_a7_says_which_checkpoint_and_lineage_and_audit_follow_it(a7_project):
     assert checkpoint["path"] == str(paths.run_selected_model(run_id)) and checkpoint["verified"] is True
     assert checkpoint["facts"]["selected_epoch"] == 2 and checkpoint["facts"]["checkpoint"] == "model_selected"
 
-    auditor = audit_module._Auditor(paths.RESULTS.parent.resolve())
+    auditor = Auditor(paths.RESULTS.parent.resolve())
     record = read_json(evaluation)
-    audit_module._check_evaluation(auditor, str(evaluation), record)
+    check_evaluation(auditor, str(evaluation), record)
     assert auditor.result.mismatches == []
     record["best"]["epoch"] = 3  # a transfer record claiming another epoch than the run selected
-    audit_module._check_evaluation(auditor, str(evaluation), record)
+    check_evaluation(auditor, str(evaluation), record)
     assert [m.message for m in auditor.result.mismatches] == [
         f"best is not the checkpoint {paths.run_record(run_id)} selected (epoch 2)"]
 
