@@ -65,10 +65,12 @@ IMAGE_SIZE = (1024, 768)  # 4:3 as DOCCI's photos; the towers see their own 224 
 FRAMEWORKS = {"longclip_ft": "longclip_ft", "hn_clip": "hn_clip", "frozen_g": "hn_clip_frozen_g", "lora": "lora",
               "dora": "dora", "finelip": "finelip", "goal": "goal", "structxlip": "structxlip"}
 AUXILIARY_MODELS = ("sam_vit_h", "clip_vit_l14_336")
-# facebook/sam-vit-huge's vision encoder (its config.json): global attention in every 8th block
+# facebook/sam-vit-huge's vision encoder (its config.json): global attention in every 8th block. Random weights
+# are drawn at std 0.02: the config's initializer_range (1e-10) leaves every activation near 1e-20, where the
+# CPU's matrix products run about 10x slower than on a trained model's activations.
 SAM_VIT_H = {"hidden_size": 1280, "num_hidden_layers": 32, "num_attention_heads": 16, "mlp_dim": 5120,
              "global_attn_indexes": [7, 15, 23, 31], "output_channels": 256, "image_size": 1024, "patch_size": 16,
-             "window_size": 14}
+             "window_size": 14, "initializer_range": 0.02}
 # openai/clip-vit-large-patch14-336 (its config.json)
 CLIP_L14_336 = {"projection_dim": 768,
                 "text": {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12,
@@ -150,7 +152,7 @@ def wait_for_memory(min_gb: float, wait_s: float, max_waits: int, what: str) -> 
             "memory_ready": available_gb() >= min_gb}
 
 
-def run_isolated(fn: Callable[..., dict], *args, floor_gb: float = 0.0, poll_s: float = 0.5) -> dict:
+def run_isolated(fn: Callable[..., dict], *args, floor_gb: float = 0.0, poll_s: float = 0.2) -> dict:
     """`fn(*args)` in a forked process. Returns its result dict (or status error/out_of_memory) with the
     process's own wall time and peak resident memory (ru_maxrss from wait4). The parent kills it if the
     machine's available memory falls below `floor_gb`."""
@@ -251,7 +253,7 @@ def write_pairs(folder: Path, tokenizer, context: int, seed: int = 0) -> Path:
     return manifest
 
 
-def prepare_longclip(work: Path, layers: int | None) -> dict:
+def prepare_longclip(work: Path, layers: int | None, aux: dict) -> dict:
     """The Long-CLIP-layout checkpoint, the two pairs and their segments and edge maps (paper settings,
     CPU segmenter, this Long-CLIP as matcher)."""
     import torch
@@ -270,7 +272,6 @@ def prepare_longclip(work: Path, layers: int | None) -> dict:
     backbone = load_backbone("longclip", checkpoint, "ViT-L-14-quickgelu", sha256)
     context = backbone.tokenizer.context_length
     manifest = write_pairs(work / "pairs", backbone.tokenizer, context)
-    aux = paper_registry().profile["auxiliary"]
     torch.manual_seed(0)
     segments = build_lism(manifest, work / "segments", CpuSegmenter(), backbone_encoders(backbone),
                           LismSettings(**aux["lism"]))
@@ -351,11 +352,10 @@ def machine() -> dict:
 # One optimizer step of one framework
 # ---------------------------------------------------------------------------------------------
 
-def paper_job(framework: str, prepared: dict, work: Path):
+def paper_job(reg, framework: str, prepared: dict, work: Path):
     """The paper profile's run of `framework` on TRAIN_SET as a TrainJob reading this benchmark's files,
-    with the micro-batch of this benchmark."""
+    with the micro-batch of this benchmark; with the paper's recipe and the method's params."""
     from hnclip.training.loop import TrainJob
-    reg = paper_registry()
     method = reg.params["methods"][FRAMEWORKS[framework]]
     run = reg.run_spec(TRAIN_SET, method, reg.profile["seeds"][0], register=False)
     spec = copy.deepcopy(run.spec)
@@ -391,7 +391,7 @@ def _tower_shapes(model, batch_tokens, pad_id: int) -> dict:
             "caption_tokens": [int(n) for n in (batch_tokens != pad_id).sum(dim=1)]}
 
 
-def train_step(framework: str, prepared: dict, work: Path) -> dict:
+def train_step(framework: str, job, paper_recipe: dict, method_params: dict) -> dict:
     """One optimizer step of `framework` through the trainer's code; raises if a check fails."""
     import torch
 
@@ -404,7 +404,6 @@ def train_step(framework: str, prepared: dict, work: Path) -> dict:
     from hnclip.training.schedule import build_optimizer, clamp_logit_scale, set_learning_rates
     from hnclip.training.step import gradient_norm, group_backward, group_backward_mode, require_finite
     started = time.perf_counter()
-    job, paper_recipe, method_params = paper_job(framework, prepared, work)
     spec, recipe, execution = job.spec, job.spec["recipe"], job.execution
     objective = with_run_seed(spec["objective"], spec["seed"])
     torch.set_num_threads(execution["threads"])
@@ -505,10 +504,10 @@ def _self_maxrss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GB
 
 
-def checked_step(framework: str, prepared: dict, work: Path) -> dict:
+def checked_step(framework: str, job, paper_recipe: dict, method_params: dict) -> dict:
     """`train_step`, a failed check kept as the record's status with its measurements."""
     try:
-        return train_step(framework, prepared, work)
+        return train_step(framework, job, paper_recipe, method_params)
     except CheckFailed as failed:
         return {**failed.measured, "status": "check_failed", "error": str(failed)}
 
@@ -517,7 +516,7 @@ def checked_step(framework: str, prepared: dict, work: Path) -> dict:
 # The auxiliary models on one image
 # ---------------------------------------------------------------------------------------------
 
-def run_sam(folder: Path, prepared: dict, threads: int, points_per_side: int) -> dict:
+def run_sam(folder: Path, prepared: dict, aux: dict, threads: int, points_per_side: int) -> dict:
     """The paper's segmenter (SAM through transformers' mask-generation pipeline, 32x32 points, IoU 0.88,
     stability 0.95, 128 points per batch) on one image; the masks through the paper's area filter. Each
     point's masks are upsampled to the image's size before the quality filter: on a CPU that, not the
@@ -528,7 +527,6 @@ def run_sam(folder: Path, prepared: dict, threads: int, points_per_side: int) ->
     from hnclip.data.auxiliary.segments import SamSegmenter, segments_of
     from hnclip.data.manifest import read_manifest
     torch.set_num_threads(threads)
-    aux = paper_registry().profile["auxiliary"]
     image_path = read_manifest(prepared["manifest"])[0].image
     started = time.perf_counter()
     segmenter = SamSegmenter(folder, points_per_side=points_per_side,
@@ -626,8 +624,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     else:
         holder, work = None, args.workdir
         work.mkdir(parents=True, exist_ok=True)
-    threads = args.threads or min(paper_registry().profile["execution"]["threads"], os.cpu_count() or 1)
+    reg = paper_registry()
+    aux = reg.profile["auxiliary"]
+    threads = args.threads or min(reg.profile["execution"]["threads"], os.cpu_count() or 1)
     gate = dict(floor_gb=args.memory_floor_gb)
+    records: list[dict] = []
 
     def ready(what: str) -> dict:
         return wait_for_memory(args.min_available_gb, args.wait_s, args.max_waits, what)
@@ -640,7 +641,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         facts = {k: v for k, v in facts.items() if k not in ("status", "process_wall_s", "peak_rss_gb",
                                                               "sampled_peak_rss_gb", "lowest_available_gb")}
         ready("prepare")
-        prepared = run_isolated(prepare_longclip, work, args.layers, **gate)
+        prepared = run_isolated(prepare_longclip, work, args.layers, aux, **gate)
         if prepared["status"] != "ok":
             raise SystemExit(f"preparing the Long-CLIP checkpoint and inputs failed: {prepared.get('error')}\n"
                              f"{prepared.get('traceback', '')}")
@@ -648,11 +649,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
                   "layers_cap": args.layers, "real_size": args.layers is None,
                   "longclip_architecture": prepared["architecture"],
                   "checkpoint_bytes": prepared["checkpoint_bytes"], "train_set": TRAIN_SET, "profile": PROFILE,
-                  "min_available_gb": args.min_available_gb}
-        records = []
+                  "min_available_gb": args.min_available_gb,
+                  "prepare": {k: prepared[k] for k in ("checkpoint_write_s", "prepare_s", "process_wall_s",
+                                                       "peak_rss_gb", "auxiliary_summary")}}
         for framework in frameworks:
             memory = ready(framework)
-            result = run_isolated(checked_step, framework, prepared, work / framework, **gate)
+            result = run_isolated(checked_step, framework, *paper_job(reg, framework, prepared, work / framework),
+                                  **gate)
             records.append(_finish({**common, "part": "train_step", "framework": framework, **memory, **result},
                                    args.out))
         for name in auxiliary_models:
@@ -663,7 +666,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             memory = ready(name)
             if made["status"] == "ok":
                 if name == "sam_vit_h":
-                    result = run_isolated(run_sam, folder, prepared, threads, args.sam_points_per_side, **gate)
+                    result = run_isolated(run_sam, folder, prepared, aux, threads, args.sam_points_per_side,
+                                          **gate)
                 else:
                     result = run_isolated(run_clip, folder, prepared, threads, **gate)
                 result["config"] = made.get("vision_config") or made.get("config")

@@ -48,6 +48,7 @@ def measure(repeats: int, test_size: int, batch_sizes: list[int], model_config: 
     from hnclip.evaluation.retrieval import encode_images, encode_texts
     from hnclip.models.factory import create
     from hnclip.training.checkpoint import save_checkpoint
+    from hnclip.training.state import LoopState
     from hnclip.training.frameworks import TrainedModel
     from hnclip.training.probe import GradientProbe
 
@@ -82,7 +83,7 @@ def measure(repeats: int, test_size: int, batch_sizes: list[int], model_config: 
         sum(p.sum() for p in parameters).backward()
         optimizer.step()  # AdamW's moments exist, as in a checkpoint written after a step
         out["resume_checkpoint_s"] = median_seconds(
-            lambda: save_checkpoint(root / "ckpt", "0" * 64, trained, optimizer, {"step": 1}), repeats)
+            lambda: save_checkpoint(root / "ckpt", "0" * 64, trained, optimizer, LoopState(step=1)), repeats)
         out["resume_checkpoint_mb"] = round((root / "ckpt" / "last.pt").stat().st_size / 1e6, 1)
     return out
 

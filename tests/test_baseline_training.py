@@ -106,6 +106,18 @@ def test_structxlip_clamps_the_logit_scale_after_every_step(tiny_data, tmp_path,
     assert max(scales) <= math.exp(3.5) + 1e-4  # the recipe resets s to 100; the clamp brings it to <= 33.1
 
 
+@pytest.mark.parametrize("framework", ["goal", "structxlip"])
+def test_baseline_inputs_loaded_by_workers_train_the_same_weights(tiny_data, tmp_path, frameworks, auxiliary,
+                                                                   framework):
+    """GOAL's and StructXLIP's micro-batches (dataclasses of segment crops, edge maps, filtered captions)
+    are pure functions of their indices: loaded in two worker processes they train what the main process does."""
+    inline, pooled = (train(baseline_job(tiny_data, tmp_path / str(workers), framework, frameworks[framework],
+                                         auxiliary, gamma=0.5, execution={"loader_workers": workers}))
+                      for workers in (0, 2))
+    assert pooled["final_weights_sha256"] == inline["final_weights_sha256"]
+    assert [h["eval"] for h in pooled["history"]] == [h["eval"] for h in inline["history"]]
+
+
 def test_goal_images_without_segment_fall_back_to_themselves(tiny_data, tmp_path, frameworks, auxiliary):
     rows = read_jsonl(auxiliary["segments"])
     for row in rows[:5]:

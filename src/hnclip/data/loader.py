@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from pathlib import Path
 
 import torch
@@ -9,31 +10,89 @@ from PIL import Image
 
 from hnclip.data.manifest import ManifestRow, read_manifest
 
+# The decoded-image cache of one dataset in one process (`execution.image_cache_mb`). 1 GiB holds every
+# image of the embedded default's largest dataset (the backbone's pretraining corpus: 3,000 images of
+# 3 x 64 x 64 fp32, 48 KiB each = 141 MiB; a fine-tuning job's train and test sets hold 512 and 300), so
+# that profile caches everything exactly as the unbounded cache did. At 224 px an image is 588 KiB: 1 GiB
+# holds ~1,800 of them, where DOCCI's 9,647 training images would need 5.5 GiB in every process that
+# decodes them (the main process and each loader worker).
+DEFAULT_IMAGE_CACHE_MB = 1024
+
+
+def loading_options(execution: dict) -> dict:
+    """PairDataset's keyword arguments from a profile's `execution` settings."""
+    return {"cache_mb": execution.get("image_cache_mb", DEFAULT_IMAGE_CACHE_MB),
+            "loader_workers": execution.get("loader_workers", 0)}
+
+
+class ImageCache:
+    """Least-recently-used tensors, bounded in bytes. A tensor larger than the whole budget is not kept."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._items: OrderedDict[int, torch.Tensor] = OrderedDict()
+
+    def __contains__(self, key: int) -> bool:
+        return key in self._items
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, key: int) -> torch.Tensor | None:
+        tensor = self._items.get(key)
+        if tensor is not None:
+            self._items.move_to_end(key)
+        return tensor
+
+    def put(self, key: int, tensor: torch.Tensor) -> None:
+        size = tensor.numel() * tensor.element_size()
+        if key in self._items or size > self.max_bytes:
+            return
+        self._items[key] = tensor
+        self.bytes += size
+        while self.bytes > self.max_bytes:
+            _, evicted = self._items.popitem(last=False)
+            self.bytes -= evicted.numel() * evicted.element_size()
+
 
 class PairDataset(torch.utils.data.Dataset):
-    """Rows of one manifest split; captions tokenized up front, images decoded on demand (cached)."""
+    """Rows of one manifest split; captions tokenized up front, images decoded on demand and kept in a
+    bounded LRU cache (`cache_mb` per process: a loader worker holds its own, filled by what it decodes).
+    `loader_workers`: the worker processes that decode this split's images for evaluation
+    (`hnclip.data.feeding.image_batches`; 0: the calling process)."""
 
-    def __init__(self, rows: list[ManifestRow], preprocess, tokenizer, cache_images: bool = True):
+    def __init__(self, rows: list[ManifestRow], preprocess, tokenizer, cache_images: bool = True,
+                 cache_mb: float = DEFAULT_IMAGE_CACHE_MB, loader_workers: int = 0):
         self.rows = rows
         self.preprocess = preprocess
         self.tokens = tokenizer([row.caption for row in rows])
         self.cache_images = cache_images
-        self._cache: dict[int, torch.Tensor] = {}
+        self.loader_workers = loader_workers
+        self._cache = ImageCache(int(cache_mb * 2**20) if cache_images else 0)
 
     @classmethod
-    def from_manifest(cls, path: str | Path, preprocess, tokenizer, cache_images: bool = True):
-        return cls(read_manifest(path), preprocess, tokenizer, cache_images)
+    def from_manifest(cls, path: str | Path, preprocess, tokenizer, cache_images: bool = True,
+                      cache_mb: float = DEFAULT_IMAGE_CACHE_MB, loader_workers: int = 0):
+        return cls(read_manifest(path), preprocess, tokenizer, cache_images, cache_mb, loader_workers)
 
     def __len__(self) -> int:
         return len(self.rows)
 
+    def cached(self, index: int) -> bool:
+        return index in self._cache
+
+    def keep(self, index: int, tensor: torch.Tensor) -> None:
+        """Cache an image decoded elsewhere (by a loader worker) in this process."""
+        self._cache.put(index, tensor)
+
     def image(self, index: int) -> torch.Tensor:
-        if index in self._cache:
-            return self._cache[index]
+        cached = self._cache.get(index)
+        if cached is not None:
+            return cached
         with Image.open(self.rows[index].image) as img:
             tensor = self.preprocess(img.convert("RGB"))
-        if self.cache_images:
-            self._cache[index] = tensor
+        self._cache.put(index, tensor)
         return tensor
 
     def __getitem__(self, index: int):

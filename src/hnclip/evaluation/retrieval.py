@@ -12,6 +12,7 @@ import contextlib
 
 import torch
 
+from hnclip.data.feeding import image_batches
 from hnclip.models.towers import encode_image, encode_text
 
 
@@ -26,11 +27,13 @@ def _eval_mode(model):
 
 
 @torch.no_grad()
-def encode_images(model, dataset, batch_size: int = 256, device: str | torch.device = "cpu") -> torch.Tensor:
-    """Image features of a test split, fp32, L2-normalized, in manifest order."""
+def encode_images(model, dataset, batch_size: int = 256, device: str | torch.device = "cpu",
+                  workers: int | None = None) -> torch.Tensor:
+    """Image features of a test split, fp32, L2-normalized, in manifest order. The images are decoded by
+    `workers` processes (default: the dataset's `loader_workers`; 0: this one), batch by batch in order."""
     with _eval_mode(model):
-        return torch.cat([encode_image(model, torch.stack([dataset.image(i) for i in range(start, stop)]).to(device))
-                          .float().cpu() for start, stop in _spans(len(dataset), batch_size)])
+        return torch.cat([encode_image(model, images.to(device)).float().cpu()
+                          for images in image_batches(dataset, batch_size, workers, device)])
 
 
 @torch.no_grad()

@@ -27,13 +27,14 @@ def _encode_and_score(reg, backbone, manifest) -> dict:
     """Recall@K of `backbone` on a test manifest, in fp32 on the profile's device (a GPU slot)."""
     import torch
 
-    from hnclip.data.loader import PairDataset
+    from hnclip.data.loader import PairDataset, loading_options
     from hnclip.evaluation.retrieval import evaluate_model
     from hnclip.runtime.device import compute_device
     from hnclip.runtime.gpu_slots import acquire_slot
     execution, evaluation = reg.profile["execution"], reg.params["evaluation"]
     torch.set_num_threads(execution["threads"])
-    dataset = PairDataset.from_manifest(manifest, backbone.preprocess, backbone.tokenizer)
+    dataset = PairDataset.from_manifest(manifest, backbone.preprocess, backbone.tokenizer,
+                                        execution.get("cache_images", True), **loading_options(execution))
     with acquire_slot():
         device = compute_device(execution)
         return evaluate_model(backbone.model.to(device), dataset, evaluation["recall_ks"], evaluation["tie_rule"],

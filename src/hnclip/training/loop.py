@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from hnclip.data.loader import PairDataset, subset_indices
+from hnclip.data.loader import PairDataset, loading_options, subset_indices
 from hnclip.errors import UserError
 from hnclip.losses.objective import with_run_seed
 from hnclip.runtime.device import autocast_context, configure_tf32
@@ -37,6 +37,7 @@ from hnclip.training.curves import TrainingCurves
 from hnclip.training.distributed import Distributed, distributed_session
 from hnclip.training.epoch_eval import end_of_epoch, initial_evaluation
 from hnclip.training.faults import Faults
+from hnclip.training.feeding import MicroBatchFeed, group_batches
 from hnclip.training.frameworks import TrainedModel
 from hnclip.training.methods import Method, Position, build_method
 from hnclip.training.model_setup import build_model, effective_precision
@@ -114,6 +115,7 @@ class _Run:
     eval_sets: dict
     faults: Faults
     tf32: bool | None       # TF32 matmuls on CUDA (None: not applicable on this device)
+    feed: MicroBatchFeed | None = None   # loader workers' micro-batches (execution.loader_workers > 0)
 
     @property
     def recipe(self) -> dict:
@@ -131,8 +133,9 @@ def _prepare(job: TrainJob, distributed: Distributed) -> _Run:
     device = distributed.device(execution["device"])
     tf32 = configure_tf32(device, execution.get("tf32", True))
     backbone, trained, frozen_text = build_model(job, device)
-    cache = execution.get("cache_images", True)
-    train_set = PairDataset.from_manifest(job.train_manifest, backbone.preprocess, backbone.tokenizer, cache)
+    cache, loading = execution.get("cache_images", True), loading_options(execution)
+    train_set = PairDataset.from_manifest(job.train_manifest, backbone.preprocess, backbone.tokenizer, cache,
+                                          **loading)
     # the run's protocol settings plus the released code's cost-only steps it executes (not its identity)
     settings = {**objective.get("settings", {}), **execution.get("cost_only_steps", {})}
     method = build_method(objective["framework"], objective, settings, trained.module, train_set,
@@ -144,7 +147,7 @@ def _prepare(job: TrainJob, distributed: Distributed) -> _Run:
         trained.attach(method.extra_module)
     distributed.broadcast_from_main(trained.module)
     indices = subset_indices(len(train_set), spec["fraction"])
-    eval_sets = {name: PairDataset.from_manifest(path, backbone.preprocess, backbone.tokenizer, cache)
+    eval_sets = {name: PairDataset.from_manifest(path, backbone.preprocess, backbone.tokenizer, cache, **loading)
                  for name, path in job.eval_manifests.items()} if distributed.is_main else {}  # rank 0 evaluates
     micro, accum = recipe["micro_batch"], recipe["grad_accum"]
     if len(indices) < micro:
@@ -181,7 +184,7 @@ def _optimizer_step(run: _Run, state: LoopState, plan: memory.MemoryPlan, epoch:
         else method.lr_factor(epoch * run.micro_per_epoch + group_index * accum, recipe["epochs"] * run.micro_per_epoch,
                               accum)  # a method with its released schedule (FineLIP)
     set_learning_rates(run.optimizer, factor)
-    batches = [method.to_device(method.load(run.distributed.local_slice(ix)), run.device) for ix in group]
+    batches = group_batches(run, epoch, group_index, group)  # on the main process or from loader workers
     positions = [Position(epoch, group_index * accum + k, run.micro_per_epoch) for k in range(len(batches))]
     if run.probe is not None and run.probe.due(state.step):
         probe_started = time.time()
@@ -245,10 +248,14 @@ def _train(job: TrainJob, distributed: Distributed) -> dict:
     progress = tqdm(total=run.total_steps, initial=state.step, desc=job.run_id, unit="step", disable=not main,
                     mininterval=1 if sys.stderr.isatty() else 15, file=sys.stderr)
     curves = TrainingCurves(job.curves_dir if main else None, state.step)
+    if job.execution.get("loader_workers", 0) > 0:
+        run.feed = MicroBatchFeed(run, job.execution["loader_workers"])
     try:
         _epochs(run, state, plan, progress, curves)
     finally:
         curves.close()
+        if run.feed is not None:
+            run.feed.close()
     progress.close()
     wall = time.time() - started
     if not main:

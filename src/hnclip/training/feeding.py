@@ -1,0 +1,55 @@
+"""Where the training loop's micro-batches come from (`execution.loader_workers`).
+
+0 (the default): `method.load` on the main process, one micro-batch after the other, the loop's
+original code. N > 0: N worker processes load the epoch's micro-batches ahead of the optimizer
+steps (`hnclip.data.feeding.LoadFeed`), across accumulation groups, in the epoch's order: one pass
+per epoch from the position the loop is at (a resumed run starts mid-epoch), each item checked
+against the micro-batch the loop asks for. The loop therefore gets the same micro-batches in the same
+order either way, and trains to the same weights.
+
+This is safe because every framework's `load` is a pure function of its indices: HN-CLIP's and
+FineLIP's (`PairDataset.batch`: decode, open_clip's eval transform, tokens made up front), GOAL's and
+StructXLIP's (`hnclip.data.auxiliary.batches`: the same images plus precomputed segments, edge maps and
+filtered captions, tokenized deterministically). None draws random numbers, so a worker's RNG cannot
+change what it returns. Their per-sample caches are per worker, as the images'.
+"""
+from __future__ import annotations
+
+from hnclip.data.feeding import LoadFeed
+from hnclip.training.batching import accumulation_groups, epoch_micro_batches
+
+
+
+class MicroBatchFeed:
+    """One run's worker feed: a pass per epoch, started at the first group the loop asks for."""
+
+    def __init__(self, run, workers: int):
+        self.run = run
+        self.feed = LoadFeed(run.method.load, workers, run.device)
+        self.position: tuple[int, int] | None = None   # (epoch, group) the current pass serves next
+
+    def group(self, epoch: int, group_index: int, group: list[list[int]]) -> list:
+        """The micro-batches of accumulation group `group_index` of `epoch`, on the run's device."""
+        run, recipe = self.run, self.run.recipe
+        if self.position != (epoch, group_index):
+            groups = accumulation_groups(epoch_micro_batches(run.indices, recipe["micro_batch"], run.job.spec["seed"],
+                                                             epoch), recipe["grad_accum"])
+            if groups[group_index] != group:
+                raise RuntimeError(f"epoch {epoch + 1}, group {group_index}: the loop's micro-batches are not "
+                                   f"the epoch's (training.batching): the feed cannot load ahead of it")
+            self.feed.start([run.distributed.local_slice(ix) for g in groups[group_index:] for ix in g])
+        loaded = self.feed.take([run.distributed.local_slice(ix) for ix in group])
+        self.position = (epoch, group_index + 1)
+        return [run.method.to_device(batch, run.device) for batch in loaded]
+
+    def close(self) -> None:
+        """Stop the workers (the run's last step is done, or it failed)."""
+        self.feed.close()
+
+
+def group_batches(run, epoch: int, group_index: int, group: list[list[int]]) -> list:
+    """The micro-batches of accumulation group `group_index` of `epoch`, on the run's device: loaded here
+    (`run.feed` None) or by the run's loader workers."""
+    if run.feed is None:
+        return [run.method.to_device(run.method.load(run.distributed.local_slice(ix)), run.device) for ix in group]
+    return run.feed.group(epoch, group_index, group)

@@ -1,0 +1,159 @@
+"""Decoding in loader workers (execution.loader_workers) changes where images are decoded, never what
+trains or what is measured: the same micro-batches in the same order, the same weights and recalls.
+And the decoded-image cache is an LRU bounded in bytes (execution.image_cache_mb)."""
+from types import SimpleNamespace
+
+import pytest
+import torch
+from helpers.training import EVALUATION, EXECUTION, SPEC, run_with_faults
+
+from hnclip.data.feeding import LoadFeed, image_batches
+from hnclip.data.loader import ImageCache, PairDataset
+from hnclip.evaluation.retrieval import encode_images
+from hnclip.models.factory import create
+from hnclip.training.batching import accumulation_groups, epoch_micro_batches
+from hnclip.training.feeding import MicroBatchFeed, group_batches
+from hnclip.training.loop import TrainJob, train
+from hnclip.training.methods import Method
+
+
+def make_job(tiny_data, out, workers: int) -> TrainJob:
+    return TrainJob(run_id="feeding-run", spec=SPEC, spec_hash="f" * 64, init_kind="scratch", init_path=None,
+                    model_config="hnclip-tiny", train_manifest=tiny_data["train"],
+                    eval_manifests={"docci": tiny_data["test"]}, out_dir=out / "run", checkpoint_dir=out / "ckpt",
+                    execution={**EXECUTION, "loader_workers": workers}, evaluation=EVALUATION)
+
+
+def r1(record: dict) -> list:
+    return [(h["eval"]["docci"]["t2i"]["R@1"], h["eval"]["docci"]["i2t"]["R@1"]) for h in record["history"]]
+
+
+def test_two_loader_workers_train_to_the_same_weights_and_recalls_as_none(tiny_data, tmp_path):
+    inline = train(make_job(tiny_data, tmp_path / "w0", 0))
+    workers = train(make_job(tiny_data, tmp_path / "w2", 2))
+    assert workers["optimizer_steps"] == inline["optimizer_steps"] == 6
+    assert workers["final_weights_sha256"] == inline["final_weights_sha256"]
+    assert [h["weights_sha256"] for h in workers["history"]] == [h["weights_sha256"] for h in inline["history"]]
+    assert r1(workers) == r1(inline)
+    assert [h["eval"] for h in workers["history"]] == [h["eval"] for h in inline["history"]]
+
+
+def test_a_run_killed_with_workers_resumes_mid_epoch_to_the_same_weights(tiny_data, tmp_path):
+    reference = train(make_job(tiny_data, tmp_path / "reference", 0))
+    job = make_job(tiny_data, tmp_path / "killed", 2)
+    proc = run_with_faults(job, {"kill_after_step": 5})   # its workers see their parent die and exit
+    assert proc.returncode == -9, proc.stderr
+    resumed = train(job)   # from step 4: epoch 2's second group, where the feed's pass starts
+    assert resumed["resumed_from_step"] == 4
+    assert resumed["final_weights_sha256"] == reference["final_weights_sha256"]
+    assert r1(resumed) == r1(reference)
+
+
+class _Loads:
+    """PairDataset.batch, recording that it ran in this process (workers record in their own copies)."""
+
+    def __init__(self, data):
+        self.data, self.calls = data, []
+
+    def __call__(self, indices):
+        self.calls.append(list(indices))
+        return self.data.batch(indices)
+
+
+def _run(data, workers: int, epochs: int = 2):
+    recipe = {"micro_batch": 8, "grad_accum": 2, "epochs": epochs}
+    load = _Loads(data)
+    run = SimpleNamespace(method=Method("full", load, None), device=torch.device("cpu"), recipe=recipe,
+                          job=SimpleNamespace(spec={"seed": 7}), feed=None,
+                          indices=list(range(len(data))), distributed=SimpleNamespace(local_slice=lambda ix: ix))
+    if workers:
+        run.feed = MicroBatchFeed(run, workers)
+    return run
+
+
+def test_the_feed_serves_each_group_from_where_the_loop_starts(tiny_data):
+    backbone = create("hnclip-tiny")
+    data = PairDataset.from_manifest(tiny_data["train"], backbone.preprocess, backbone.tokenizer)
+    run = _run(data, workers=2)
+    for epoch, first in ((0, 1), (1, 0)):   # a resumed run starts mid-epoch; the next epoch from its start
+        groups = accumulation_groups(epoch_micro_batches(run.indices, 8, 7, epoch), 2)
+        for g in range(first, len(groups)):
+            got = group_batches(run, epoch, g, groups[g])
+            want = [data.batch(ix) for ix in groups[g]]
+            assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(got, want, strict=True))
+    assert run.method.load.calls == []   # every micro-batch was loaded by a worker
+    run.feed.close()
+
+    inline = _run(data, workers=0)
+    groups = accumulation_groups(epoch_micro_batches(inline.indices, 8, 7, 0), 2)
+    group_batches(inline, 0, 0, groups[0])
+    assert inline.method.load.calls == groups[0]
+
+
+def test_a_feed_refuses_micro_batches_out_of_its_order(tiny_data):
+    backbone = create("hnclip-tiny")
+    data = PairDataset.from_manifest(tiny_data["train"], backbone.preprocess, backbone.tokenizer)
+    feed = LoadFeed(data.batch, 1, "cpu")
+    feed.start([[0, 1], [2, 3]])
+    with pytest.raises(RuntimeError, match="disagree on the order"):
+        feed.take([[2, 3]])
+    feed.close()
+
+
+def test_evaluation_with_workers_encodes_the_same_features_and_fills_the_cache(tiny_data):
+    backbone = create("hnclip-tiny")
+    model = backbone.model.eval()
+    inline = PairDataset.from_manifest(tiny_data["test"], backbone.preprocess, backbone.tokenizer)
+    pooled = PairDataset.from_manifest(tiny_data["test"], backbone.preprocess, backbone.tokenizer, loader_workers=2)
+    reference = encode_images(model, inline, batch_size=5)
+    assert torch.equal(encode_images(model, pooled, batch_size=5), reference)
+    assert all(pooled.cached(i) for i in range(len(pooled)))   # decoded by workers, kept here
+    assert all(torch.equal(pooled.image(i), inline.image(i)) for i in range(len(pooled)))
+    assert torch.equal(encode_images(model, pooled, batch_size=5), reference)   # from the cache, no workers
+    uncached = PairDataset.from_manifest(tiny_data["test"], backbone.preprocess, backbone.tokenizer, False)
+    assert [b.shape[0] for b in image_batches(uncached, 10, workers=2)] == [10, 10, 4]
+    assert not any(uncached.cached(i) for i in range(len(uncached)))
+
+
+def test_the_image_cache_is_an_lru_bounded_in_bytes():
+    image = torch.zeros(3, 8, 8)   # 768 bytes
+    cache = ImageCache(3 * 768)
+    for key in range(3):
+        cache.put(key, image.clone())
+    assert cache.get(0) is not None   # 0 is now the most recently used
+    cache.put(3, image.clone())
+    assert 1 not in cache and {0, 2, 3} <= {k for k in range(4) if k in cache}
+    assert cache.bytes == 3 * 768 and len(cache) == 3
+    cache.put(4, torch.zeros(3, 16, 16))   # larger than the whole budget: not kept, nothing evicted
+    assert 4 not in cache and len(cache) == 3
+
+
+def test_the_default_budget_caches_a_dataset_whole_and_zero_caches_nothing(tiny_data):
+    backbone = create("hnclip-tiny")
+    whole = PairDataset.from_manifest(tiny_data["train"], backbone.preprocess, backbone.tokenizer)
+    first = whole.image(0)
+    for i in range(len(whole)):
+        whole.image(i)
+    assert all(whole.cached(i) for i in range(len(whole))) and whole.image(0) is first
+    small = PairDataset.from_manifest(tiny_data["train"], backbone.preprocess, backbone.tokenizer,
+                                      cache_mb=2 * first.numel() * first.element_size() / 2**20)
+    for i in range(3):
+        small.image(i)
+    assert [small.cached(i) for i in range(3)] == [False, True, True]
+    none = PairDataset.from_manifest(tiny_data["train"], backbone.preprocess, backbone.tokenizer, cache_mb=0)
+    assert none.image(0) is not none.image(0)
+
+
+def test_pinning_keeps_each_batch_kind(monkeypatch):
+    """On accelerators the DataLoader pins what workers return (`Loaded.pin_memory`): tuples stay tuples
+    (`Method.to_device` tests for one), GOAL's and StructXLIP's dataclasses keep their types and non-tensors."""
+    from hnclip.data.feeding import Loaded
+    from hnclip.losses.structxlip import StructXBatch
+    pinned = []
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a: pinned.append(self.shape) or self.clone())
+    pair = Loaded([0, 1], (torch.zeros(2, 3), torch.ones(2, 4))).pin_memory()
+    assert type(pair.value) is tuple and pair.indices == [0, 1] and len(pinned) == 2
+    t = torch.zeros(2, 1)
+    batch = StructXBatch(t, t, t, t, t, t, t, chunk_spans=[[(1, 3)], [(1, 2)]])
+    out = Loaded([0, 1], batch).pin_memory().value
+    assert type(out) is StructXBatch and out.chunk_spans == batch.chunk_spans and len(pinned) == 9
