@@ -48,9 +48,9 @@ def measure(repeats: int, test_size: int, batch_sizes: list[int], model_config: 
     from hnclip.evaluation.retrieval import encode_images, encode_texts
     from hnclip.models.factory import create
     from hnclip.training.checkpoint import save_checkpoint
-    from hnclip.training.state import LoopState
     from hnclip.training.frameworks import TrainedModel
     from hnclip.training.probe import GradientProbe
+    from hnclip.training.state import LoopState
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

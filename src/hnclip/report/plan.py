@@ -8,6 +8,9 @@ The pieces: the rates (`plan_rates`), the settings (`plan_settings`), the model'
 (`plan_model_size`), each job's images, hours, disk and memory (`plan_estimates`) and the printed
 text (`plan_render`).
 
+The accelerator memory each kind of training run needs, and which plan of the out-of-memory ladder fits
+24-80 GB cards, comes from the shapes (`plan_memory`).
+
 The workflow books each job's SLURM time limit from the same estimate (`Plan.time_limit_min`:
 safety_factor x estimate + startup_min, rounded up to 5 minutes, times the attempt, capped at the
 partition limit) and the host memory of the model-bound rules from the parameter count
@@ -21,6 +24,7 @@ from dataclasses import dataclass, field
 from hnclip.config.registry import Registry
 from hnclip.errors import UserError
 from hnclip.report.plan_estimates import Job, ProfileEstimates
+from hnclip.report.plan_memory import FrameworkMemory, memory_model
 from hnclip.report.plan_rates import PAPER_MODEL, PAPER_RATES, Rate, read_rates
 from hnclip.report.plan_settings import Settings, settings_of
 
@@ -44,6 +48,7 @@ class Plan:
     unknown_sizes: list[str] = field(default_factory=list)
     host_mem: dict[str, int] = field(default_factory=dict)
     indicative: bool = False      # paper rates on a profile that is not the paper's setting
+    memory: list[FrameworkMemory] = field(default_factory=list)  # accelerator memory per kind of run
 
     def job(self, name: str) -> Job:
         if name not in self.jobs:
@@ -117,4 +122,4 @@ def build_plan(reg: Registry, rates: str | None = None, partition_limit: str | i
     indicative = settings.rates == "paper" and (reg.backbone_spec()["model_config"] != PAPER_MODEL
                                                 or reg.profile["execution"]["device"] == "cpu")
     return Plan(reg.profile_name, settings, table, estimates.parameters, estimates.model_config, jobs, estimates.sizes,
-                disk, unknown, estimates.host_mem(), indicative)
+                disk, unknown, estimates.host_mem(), indicative, memory_model(reg))

@@ -30,16 +30,21 @@ def _block_parameters(width: int, hidden: int) -> int:
 
 def clip_parameters(cfg: dict, context_length: int = CONTEXT_LENGTH) -> int:
     """Parameters of an open_clip CLIP (ViT image tower, transformer text tower) at Long-CLIP's context."""
-    vision, text, embed = cfg["vision_cfg"], cfg["text_cfg"], cfg["embed_dim"]
+    vision, embed = cfg["vision_cfg"], cfg["embed_dim"]
     width, tokens = vision["width"], (vision["image_size"] // vision["patch_size"]) ** 2 + 1
     hidden = int(width * vision.get("mlp_ratio", 4.0))
     image_tower = (3 * vision["patch_size"] ** 2 * width + width + tokens * width + 4 * width
                    + vision["layers"] * _block_parameters(width, hidden) + width * embed)
+    return image_tower + text_tower_parameters(cfg, context_length) + 1  # + the logit scale
+
+
+def text_tower_parameters(cfg: dict, context_length: int = CONTEXT_LENGTH) -> int:
+    """The text tower's parameters: embeddings, blocks, final LayerNorm and projection."""
+    text, embed = cfg["text_cfg"], cfg["embed_dim"]
     width = text["width"]
     hidden = int(width * text.get("mlp_ratio", 4.0))
-    text_tower = ((text["vocab_size"] + context_length) * width + 2 * width
-                  + text["layers"] * _block_parameters(width, hidden) + width * embed)
-    return image_tower + text_tower + 1  # + the logit scale
+    return ((text["vocab_size"] + context_length) * width + 2 * width
+            + text["layers"] * _block_parameters(width, hidden) + width * embed)
 
 
 def adapter_parameters(cfg: dict, kind: str, r: int = DEFAULT_ADAPTER["r"]) -> int:

@@ -1,8 +1,9 @@
 """The text `hnclip plan` prints: rates, dataset sizes, jobs with their hours and time limits, GPU-hours,
-peak disk, the critical path and the SLURM settings derived from the plan."""
+peak disk, the critical path, the SLURM settings derived from the plan and the accelerator memory per run."""
 from __future__ import annotations
 
 from hnclip.report.plan import Plan
+from hnclip.report.plan_memory import format_memory
 
 
 def _hours(value: float) -> str:
@@ -62,6 +63,8 @@ def format_plan(plan: Plan) -> str:
                 f"x attempt; partition limit: {cap} (params.yaml planning, or --partition-limit)",
             "Host memory (mem_mb) of the model-bound rules: " +
             ", ".join(f"{rule} {mb}" for rule, mb in plan.host_mem.items())]
+    if plan.memory:
+        out += ["", *format_memory(plan.memory)]
     warnings = plan.partition_warnings()
     out += ["", *warnings] if warnings else []
     return "\n".join(out) + "\n"

@@ -19,7 +19,6 @@ from hnclip.data.feeding import LoadFeed
 from hnclip.training.batching import accumulation_groups, epoch_micro_batches
 
 
-
 class MicroBatchFeed:
     """One run's worker feed: a pass per epoch, started at the first group the loop asks for."""
 
