@@ -23,7 +23,13 @@ from hnclip.report import effects as E
 from hnclip.report import regime
 from hnclip.report.claims import claims_inputs, evidence_files
 from hnclip.report.claims_definitions import claim_definitions
-from hnclip.report.claims_preconditions import REGIME_CONDITIONS, Condition, paper_conditions, profile_conditions
+from hnclip.report.claims_preconditions import (
+    REGIME_CONDITIONS,
+    Condition,
+    paper_conditions,
+    profile_conditions,
+    regime_conditions,
+)
 from hnclip.report.claims_render import to_markdown
 from hnclip.report.claims_sources import PaperSource, ReproducedSource
 from hnclip.report.claims_statistics import REDUCERS, TRAJECTORY_MEASURES, statistic_draws, statistic_items
@@ -42,7 +48,12 @@ ROOT = Path(__file__).resolve().parents[1]
 N_QUERIES = 4000
 KS = (1, 5, 10, 25, 50)
 RESAMPLES = 300
-REAL = {"real_data": True}
+# a profile of real data whose regime preconditions were measured and hold
+REAL = {"real_data": True, "strength": True, "saturation": True, "headroom": True}
+# claims.yaml `group: additional`: checks of ours, not claims the paper makes
+ADDITIONAL_CHECKS = {"best_r1_all_directions_vs_plain_ft", "margin_over_strongest_vs_plain_ft",
+                     "best_or_tied_all_columns_vs_plain_ft", "seed_preserves_full_ranking",
+                     "adaptive_margin_drives_gain"}
 SELF_CONTRADICTED = {"best_r1_all_directions_vs_plain_ft", "margin_over_strongest_vs_plain_ft",
                      "best_or_tied_all_columns_vs_plain_ft", "gains_grow_with_caption_length_incl_dci",
                      "seed_preserves_full_ranking"}  # the paper's own numbers contradict these
@@ -467,9 +478,29 @@ def test_a_failed_regime_precondition_makes_comparisons_not_testable(tmp_path, m
     assert profile_conditions(reg)["headroom"] == Condition(None, "no regime report (results/stats/regime.json)")
 
 
-def test_an_unmeasured_precondition_is_noted_not_gated(in_world):
-    row = score(in_world, "best_r1_all_directions", {"real_data": True, "headroom": Condition(None)})
-    assert row["verdict"] == "supported" and "precondition `headroom` not measured on this profile" in row["reason"]
+def test_the_gate_on_a_claim_whose_table_is_built(in_world):
+    """The claim's table exists and supports it: the verdict itself follows the regime preconditions."""
+    def conditions(headroom, real=True):
+        return {"real_data": Condition(real), **regime_conditions(regime_report("tiny", headroom))}
+    judged = score(in_world, "best_r1_all_directions", conditions((7.7, 17.4)))
+    assert judged["verdict"] == "supported" and judged["reason"] == ""
+    gated = score(in_world, "best_r1_all_directions", conditions((-2.4, 0.3)))
+    assert gated["verdict"] == "not_testable" and math.isnan(gated["reproduced_value"])
+    assert "regime precondition `headroom`" in gated["reason"]
+
+
+def test_an_unmeasured_precondition_gates_real_data_and_is_noted_on_the_miniature(in_world):
+    unmeasured = Condition(None, "no regime report (results/stats/regime.json)")
+    measured = regime_conditions(regime_report("tiny", (7.7, 17.4)))    # strength and saturation met
+    real = score(in_world, "best_r1_all_directions",
+                 {**measured, "real_data": Condition(True), "headroom": unmeasured})
+    assert real["verdict"] == "not_testable" and math.isnan(real["reproduced_value"])
+    assert real["reason"] == ("precondition `headroom` (plain fine-tuning improving on the zero-shot backbone) not "
+                              "measured on this profile: no regime report (results/stats/regime.json)")
+    miniature = score(in_world, "best_r1_all_directions",
+                      {**measured, "real_data": Condition(False), "headroom": unmeasured})
+    assert miniature["verdict"] == "supported"
+    assert "precondition `headroom` not measured on this profile" in miniature["reason"]
 
 
 def test_the_scorecard_header_states_the_preconditions(tmp_path, monkeypatch):
@@ -486,7 +517,11 @@ def test_the_scorecard_header_states_the_preconditions(tmp_path, monkeypatch):
     md = to_markdown(reg, pd.DataFrame(rows).reindex(columns=SCORECARD_COLUMNS), boot(), conditions)
     assert "* `strength` (a strong zero-shot backbone): holds — DOCCI T→I R@1 53.7 (target >= 40)" in md
     assert "* `headroom` (plain fine-tuning improving on the zero-shot backbone): **does not hold**" in md
-    assert "2 not testable" in md and "1 supported, 1 contradicted" in md
+    assert "1 of the paper's claims — 0 supported, 0 contradicted, 0 inconclusive, 1 not testable" in md
+    assert "1 additional checks — 0 supported, 0 contradicted, 0 inconclusive, 1 not testable" in md
+    # on the paper's numbers: the paper's claim supported, our plain-fine-tuning companion contradicted
+    assert "of the paper's claims — 1 supported, 0 contradicted" in md.split("printed numbers")[1]
+    assert "additional checks — 0 supported, 1 contradicted" in md.split("printed numbers")[1]
     assert "the paper's own numbers contradict `best_r1_all_directions_vs_plain_ft`" in md
     assert "| 8: supported |" in md and "| 7: contradicted |" in md  # the paper's statistic and its verdict
 
@@ -616,18 +651,37 @@ def test_hnclip_claims_writes_the_scorecard(in_world, paper_world):
     assert set(frame.loc[frame["verdict"] == "not_testable", "claim_id"]) == \
         {c["claim_id"] for c in claim_definitions() if "real_data" in c.get("requires", {})}
     md = (root / "results" / "claims.md").read_text()
-    counts = frame["verdict"].value_counts()
-    assert f"{counts['supported']} supported" in md and "# Claims scorecard" in md
+    # the headline counts the paper's claims, our additional checks and, apart, the sanity checks
+    sanity = frame["sanity_check"]
+    paper, additional, checks = (frame[~sanity & (frame["group"] == "paper")],
+                                 frame[~sanity & (frame["group"] == "additional")], frame[sanity])
+    assert len(checks) == sum(bool(c.get("sanity_check")) for c in claim_definitions()) > 0
+    assert set(additional["claim_id"]) == ADDITIONAL_CHECKS and "# Claims scorecard" in md
+
+    def counted(part, name):
+        counts = part["verdict"].value_counts()
+        return (f"{len(part)} {name} — {counts.get('supported', 0)} supported, {counts.get('contradicted', 0)} "
+                f"contradicted, {counts.get('inconclusive', 0)} inconclusive, {counts.get('not_testable', 0)} not "
+                f"testable, {counts.get('not_implemented', 0)} not implemented")
+    assert (f"Profile `tiny`: {counted(paper, 'of the paper' + chr(39) + 's claims')}; "
+            f"{counted(additional, 'additional checks')}; {counted(checks, 'sanity checks')}.") in md
+    assert md.index("## The paper's claims") < md.index("## Our additional checks")
+    row = next(line for line in md.splitlines() if line.startswith("| **best_r1_all_directions_vs_plain_ft**"))
+    assert "why it is ours: Table 1's competitors are the machinery-based baselines" in row
     lines = [line for line in md.splitlines() if line.startswith("| **")]
     assert len(lines) == len(frame)
     assert all(len(re.split(r"(?<!\\)\|", line)) == 8 for line in lines)  # 6 cells: quotes' |Δ| escaped
     # beside ours, the verdict on the paper's own numbers; the claims they contradict are named
-    paper_counts = frame["paper_verdict"].value_counts()
+    paper_counts = paper["paper_verdict"].value_counts()
     assert f"{paper_counts['supported']} supported, {paper_counts['contradicted']} contradicted" in md
     assert set(frame.loc[frame["paper_self_consistent"] == False, "claim_id"]) == SELF_CONTRADICTED  # noqa: E712
     assert all(f"`{cid}`" in md.split("## Evidence")[0] for cid in SELF_CONTRADICTED)
     assert "* `headroom` (plain fine-tuning improving on the zero-shot backbone): not measured" in md
     assert "| **gradients_positively_aligned** (sanity check; Sec. 2.4 (Fig. 4)):" in md
+    # quotes shown once, readable; the CSV keeps them verbatim, as the paper's text extraction has them
+    assert "the loss falls below 10^-3 on 80 % of batches within the first epoch" in md and "10−310^-3" not in md
+    assert frame.set_index("claim_id").loc["saturation_epoch1", "quote"].startswith("on dense captions, the loss "
+                                                                                      "falls below 10−310^-3")
     assert set(frame.loc[frame["sanity_check"], "claim_id"]) == {c["claim_id"] for c in claim_definitions()
                                                                  if c.get("sanity_check")}
     record = json.loads((root / "results" / "claims.provenance.json").read_text())
@@ -712,3 +766,17 @@ def test_fifth_of_the_data_against_the_strongest_full_data_baseline(in_world):
     cross = frame[(frame["b_table"] == "table1") & (frame["metric"] == "mean_r1")].set_index("benchmark")
     assert cross.loc["docci", "paper"] == pytest.approx((85.43 + 83.75) / 2 - (84.73 + 82.61) / 2)
     assert cross.loc["dci", "reproduced"] == pytest.approx(cross.loc["dci", "paper"], abs=0.02)
+
+
+def test_the_claim_counts_the_docs_state_are_the_definitions():
+    definitions = claim_definitions()
+    sanity = sum(bool(c.get("sanity_check")) for c in definitions)
+    additional = sum(c.get("group") == "additional" for c in definitions)
+    paper = len(definitions) - sanity - additional
+    assert {c["claim_id"] for c in definitions if c.get("group") == "additional"} == ADDITIONAL_CHECKS
+    readme = (ROOT / "README.md").read_text()
+    assert f"the paper's {paper} quantitative claims, our {additional} additional checks and {sanity} sanity " \
+           "checks" in readme
+    results = " ".join((ROOT / "docs" / "results.md").read_text().split())
+    assert (f"judge {len(definitions)} statements ({paper} quantitative claims of the paper, {additional} "
+            f"additional checks of ours, {sanity} sanity checks)") in results

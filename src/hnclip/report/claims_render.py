@@ -9,7 +9,8 @@ import pandas as pd
 from hnclip.config.registry import Registry
 from hnclip.report.claims_definitions import claim_definitions
 from hnclip.report.claims_preconditions import REGIME_CONDITIONS, as_condition, profile_conditions
-from hnclip.report.claims_verdicts import VERDICT_MEANINGS, VERDICTS
+from hnclip.report.claims_verdicts import GROUPS, VERDICT_MEANINGS, VERDICTS
+from hnclip.report.quotes import readable_quote
 from hnclip.report.uncertainty import Bootstrap
 
 
@@ -39,14 +40,26 @@ def _conditions_text(conditions: dict) -> list[str]:
 PAPER_VERDICTS = tuple(v for v in VERDICTS if v != "not_implemented")
 
 
+def _parts(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """The headline's parts: the paper's claims, our additional checks and, apart, the sanity checks (which
+    hold nearly by construction)."""
+    sanity = frame["sanity_check"].astype(bool)
+    group = frame["group"].fillna("paper")
+    return {"of the paper's claims": frame[~sanity & (group == "paper")],
+            "additional checks": frame[~sanity & (group == "additional")], "sanity checks": frame[sanity]}
+
+
 def _header(reg: Registry, frame: pd.DataFrame, boot: Bootstrap, conditions: dict) -> list[str]:
     """The counts, the preconditions, how the claims are judged and the verdicts' legend."""
     s = boot.settings
     contradicted = frame.loc[frame["paper_verdict"] == "contradicted", "claim_id"].tolist()
+    parts = _parts(frame)
     out = ["# Claims scorecard", "",
-           f"Profile `{reg.profile_name}`: {len(frame)} claims — {_verdict_counts(frame['verdict'])}.", "",
+           f"Profile `{reg.profile_name}`: " + "; ".join(f"{len(part)} {name} — {_verdict_counts(part['verdict'])}"
+                                                       for name, part in parts.items()) + ".", "",
            "On the paper's own printed numbers, by the same rules: "
-           f"{_verdict_counts(frame['paper_verdict'], PAPER_VERDICTS)}"
+           + "; ".join(f"{name} — {_verdict_counts(part['paper_verdict'], PAPER_VERDICTS)}"
+                       for name, part in parts.items())
            + (f"; the paper's own numbers contradict {', '.join(f'`{c}`' for c in contradicted)}." if contradicted
               else "."), "",
            "Regime preconditions of this profile (results/stats/regime.json; a claim that requires one that does "
@@ -74,8 +87,11 @@ def _claim_row(rec: dict, spec: dict) -> str:
     if not (isinstance(rec["paper_number"], float) and math.isnan(rec["paper_number"])):
         on_paper = f"{_format_number(rec['paper_number'], count)}: {on_paper}"
     label = "sanity check; " if rec["sanity_check"] else ""
-    cells = [f"**{rec['claim_id']}** ({label}{rec['where']}): “{rec['quote']}”", rec["paper_value"], on_paper,
-             reproduced, rec["verdict"].replace("_", " "), f"{rec['decision']}: {spec.get('why', '')}"]
+    claim = f"**{rec['claim_id']}** ({label}{rec['where']}): “{readable_quote(rec['quote'])}”"
+    if isinstance(rec.get("group_reason"), str) and rec["group_reason"]:
+        claim += f" — why it is ours: {rec['group_reason']}"
+    cells = [claim, rec["paper_value"], on_paper, reproduced,
+             rec["verdict"].replace("_", " "), f"{rec['decision']}: {spec.get('why', '')}"]
     return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"  # quotes hold |Δ|
 
 
@@ -83,10 +99,15 @@ def to_markdown(reg: Registry, frame: pd.DataFrame, boot: Bootstrap, conditions:
     """results/claims.md from the scorecard `frame` (`conditions`: this profile's, by default measured)."""
     conditions = conditions if conditions is not None else profile_conditions(reg)
     out = _header(reg, frame, boot, conditions)
-    out += ["", "| claim | paper | on the paper's numbers | reproduced [95 % CI] | verdict | decision |",
-            "|---|---|---|---|---|---|"]
     specs = {c["claim_id"]: c for c in claim_definitions()}
-    out += [_claim_row(rec, specs.get(rec["claim_id"], {"statistic": {}})) for rec in frame.to_dict("records")]
+    group = frame["group"].fillna("paper")
+    for key, title in GROUPS.items():
+        records = frame[group == key].to_dict("records")
+        if not records:
+            continue
+        out += ["", f"## {title}", "", "| claim | paper | on the paper's numbers | reproduced [95 % CI] | verdict | "
+                "decision |", "|---|---|---|---|---|---|"]
+        out += [_claim_row(rec, specs.get(rec["claim_id"], {"statistic": {}})) for rec in records]
     out += ["", "## Evidence and reasons", ""]
     for rec in frame.to_dict("records"):
         details = [text for text in (rec["reason"], rec["evidence"]) if isinstance(text, str) and text]

@@ -5,7 +5,8 @@ numbers (`paper_judgement`); the scorecard is one row of both per claim.
 The verdict categories and their rules live here alone: VERDICT_MEANINGS (what each says, also the
 scorecard's legend), `decide` (supported / contradicted / inconclusive from an interval),
 `unavailable_verdict` (not_implemented / not_testable from a cell the statistic could not read) and the
-precondition gate in `judge_claim` (hnclip.report.claims_preconditions)."""
+precondition gate in `judge_claim` (hnclip.report.claims_preconditions): a failed precondition makes a
+claim not testable; so does one not measured on a profile of real data (on the miniature it is noted)."""
 from __future__ import annotations
 
 import math
@@ -14,7 +15,13 @@ import pandas as pd
 
 from hnclip.config.registry import NOT_IMPLEMENTED, Registry
 from hnclip.report.claims_definitions import claim_definitions
-from hnclip.report.claims_preconditions import as_condition, paper_conditions, profile_conditions, unmet_preconditions
+from hnclip.report.claims_preconditions import (
+    REGIME_CONDITIONS,
+    as_condition,
+    paper_conditions,
+    profile_conditions,
+    unmet_preconditions,
+)
 from hnclip.report.claims_sources import PaperSource, ReproducedSource
 from hnclip.report.claims_statistics import statistic_draws
 from hnclip.report.effects import CellUnavailable, format_evidence, summarise
@@ -32,7 +39,9 @@ VERDICTS = tuple(VERDICT_MEANINGS)
 SCORECARD_COLUMNS = [
     "claim_id", "quote", "paper_value", "reproduced_value", "ci_low", "ci_high", "verdict", "evidence", "decision",
     "reason", "where", "paper_verdict", "paper_number", "paper_self_consistent", "tolerance", "sanity_check",
-    "requires"]
+    "requires", "group", "group_reason"]
+# A claim's group: the paper's own claims, or our additional checks (claims.yaml `group: additional`)
+GROUPS = {"paper": "The paper's claims", "additional": "Our additional checks (not claims the paper makes)"}
 
 
 def claim_decision(claim: dict, real_data) -> dict:
@@ -81,8 +90,14 @@ def judge_claim(claim: dict, source, conditions: dict, boot: Bootstrap) -> dict:
            "reproduced_value": math.nan, "ci_low": math.nan, "ci_high": math.nan, "evidence": "",
            "decision": decision_text(decision, tolerance), "reason": "", "where": claim["where"],
            "tolerance": tolerance, "sanity_check": bool(claim.get("sanity_check")),
-           "requires": ", ".join(claim.get("requires", {}))}
+           "requires": ", ".join(claim.get("requires", {})), "group": claim.get("group", "paper"),
+           "group_reason": claim.get("group_reason", "")}
     failed, unmeasured = unmet_preconditions(claim, conditions)
+    real_data = as_condition(conditions.get("real_data")).met
+    if real_data and unmeasured:  # real runs: a comparison is judged only where its regime was measured
+        failed += [f"precondition `{name}` ({REGIME_CONDITIONS.get(name, ('', name))[1]}) not measured on this "
+                   f"profile: {as_condition(conditions.get(name)).detail or 'no value'}" for name in unmeasured]
+        unmeasured = []
     if failed:
         return {**row, "verdict": "not_testable", "reason": "; ".join(failed)}
     source.evidence = []
