@@ -517,11 +517,11 @@ def test_the_scorecard_header_states_the_preconditions(tmp_path, monkeypatch):
     md = to_markdown(reg, pd.DataFrame(rows).reindex(columns=SCORECARD_COLUMNS), boot(), conditions)
     assert "* `strength` (a strong zero-shot backbone): holds — DOCCI T→I R@1 53.7 (target >= 40)" in md
     assert "* `headroom` (plain fine-tuning improving on the zero-shot backbone): **does not hold**" in md
-    assert "1 of the paper's claims — 0 supported, 0 contradicted, 0 inconclusive, 1 not testable" in md
-    assert "1 additional checks — 0 supported, 0 contradicted, 0 inconclusive, 1 not testable" in md
+    assert "1 of the paper's claims — 0 supported, 0 consistent, 0 contradicted, 0 inconclusive, 1 not testable" in md
+    assert "1 additional checks — 0 supported, 0 consistent, 0 contradicted, 0 inconclusive, 1 not testable" in md
     # on the paper's numbers: the paper's claim supported, our plain-fine-tuning companion contradicted
-    assert "of the paper's claims — 1 supported, 0 contradicted" in md.split("printed numbers")[1]
-    assert "additional checks — 0 supported, 1 contradicted" in md.split("printed numbers")[1]
+    assert "of the paper's claims — 1 supported, 0 consistent, 0 contradicted" in md.split("printed numbers")[1]
+    assert "additional checks — 0 supported, 0 consistent, 1 contradicted" in md.split("printed numbers")[1]
     assert "the paper's own numbers contradict `best_r1_all_directions_vs_plain_ft`" in md
     assert "| 8: supported |" in md and "| 7: contradicted |" in md  # the paper's statistic and its verdict
 
@@ -658,11 +658,9 @@ def test_hnclip_claims_writes_the_scorecard(in_world, paper_world):
     assert len(checks) == sum(bool(c.get("sanity_check")) for c in claim_definitions()) > 0
     assert set(additional["claim_id"]) == ADDITIONAL_CHECKS and "# Claims scorecard" in md
 
-    def counted(part, name):
-        counts = part["verdict"].value_counts()
-        return (f"{len(part)} {name} — {counts.get('supported', 0)} supported, {counts.get('contradicted', 0)} "
-                f"contradicted, {counts.get('inconclusive', 0)} inconclusive, {counts.get('not_testable', 0)} not "
-                f"testable, {counts.get('not_implemented', 0)} not implemented")
+    def counted(part, name, column="verdict", verdicts=VERDICTS):
+        counts = part[column].value_counts()
+        return f"{len(part)} {name} — " + ", ".join(f"{counts.get(v, 0)} {v.replace('_', ' ')}" for v in verdicts)
     assert (f"Profile `tiny`: {counted(paper, 'of the paper' + chr(39) + 's claims')}; "
             f"{counted(additional, 'additional checks')}; {counted(checks, 'sanity checks')}.") in md
     assert md.index("## The paper's claims") < md.index("## Our additional checks")
@@ -670,10 +668,10 @@ def test_hnclip_claims_writes_the_scorecard(in_world, paper_world):
     assert "why it is ours: Table 1's competitors are the machinery-based baselines" in row
     lines = [line for line in md.splitlines() if line.startswith("| **")]
     assert len(lines) == len(frame)
-    assert all(len(re.split(r"(?<!\\)\|", line)) == 8 for line in lines)  # 6 cells: quotes' |Δ| escaped
+    assert all(len(re.split(r"(?<!\\)\|", line)) == 9 for line in lines)  # 7 cells: quotes' |Δ| escaped
     # beside ours, the verdict on the paper's own numbers; the claims they contradict are named
-    paper_counts = paper["paper_verdict"].value_counts()
-    assert f"{paper_counts['supported']} supported, {paper_counts['contradicted']} contradicted" in md
+    on_paper = [v for v in VERDICTS if v != "not_implemented"]
+    assert counted(paper, "of the paper's claims", "paper_verdict", on_paper)[len(f"{len(paper)} "):] in md
     assert set(frame.loc[frame["paper_self_consistent"] == False, "claim_id"]) == SELF_CONTRADICTED  # noqa: E712
     assert all(f"`{cid}`" in md.split("## Evidence")[0] for cid in SELF_CONTRADICTED)
     assert "* `headroom` (plain fine-tuning improving on the zero-shot backbone): not measured" in md

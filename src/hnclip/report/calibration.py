@@ -117,9 +117,16 @@ IN_BATCH_SHARE_GE_08 = {"docci": 0.90, "dci": 0.86, "long_dci": 0.88, "urban1k":
 
 
 @functools.lru_cache(maxsize=None)
-def _printed(table: str, row: str, part: tuple[str, str, str]) -> float:
+def printed(table: str, row: str, part: tuple[str, str, str]) -> float:
     """The paper's printed value of a cell (NaN where it prints none)."""
     return paper_cells(table).value(row, Column(*part, parts=(part,)))
+
+
+def true_recall(table: str, row: str, part: tuple[str, str, str], selection) -> float:
+    """A cell's true Recall: the paper's printed best, or its value at the selected epoch."""
+    best = printed(table, row, part)
+    epoch = EPOCHS if selection == "last" else selection if isinstance(selection, int) else None
+    return best if epoch is None or math.isnan(best) else epoch_value(table, row, part[0], best, epoch)
 
 
 # ---- the simulated reproduction --------------------------------------------------------------------
@@ -168,10 +175,10 @@ class Latent:
         return count
 
 
-def _batchable(statistic: dict) -> bool:
+def batchable(statistic: dict) -> bool:
     """Whether a statistic reads retrieval cells only: these run for all simulated reproductions at once."""
     if "difference" in statistic or "concat" in statistic:
-        return all(_batchable(s) for s in statistic.get("difference", statistic.get("concat")))
+        return all(batchable(s) for s in statistic.get("difference", statistic.get("concat")))
     return any(kind in statistic for kind in ("contrast", "spread", "trajectory", "order_preserved"))
 
 
@@ -187,7 +194,7 @@ class BatchedCells:
         self._orders: dict[tuple, list[np.ndarray]] = {}
 
     def has(self, table: str, row: str, part: tuple[str, str, str]) -> bool:
-        return not math.isnan(_printed(table, row, part))
+        return not math.isnan(printed(table, row, part))
 
     def epochs(self, table: str, row: str, part: tuple[str, str, str]) -> list[int]:
         return list(range(1, EPOCHS + 1)) if self.has(table, row, part) else []
@@ -204,13 +211,14 @@ class BatchedCells:
             self._latent[key] = (Latent(self.pool.sizes[benchmark], self.sims, self.rng), order)
         return self._latent[key]
 
+    def truth(self, table: str, row: str, part: tuple[str, str, str], selection) -> float:
+        return true_recall(table, row, part, selection)
+
     def cell(self, table: str, row: str, part: tuple[str, str, str], selection) -> np.ndarray:
         benchmark, direction, _ = part
-        best = _printed(table, row, part)
-        if math.isnan(best):
+        if math.isnan(printed(table, row, part)):
             raise CellUnavailable(f"not a cell of {table}", f"{table} {row}/{'/'.join(part)}")
-        epoch = EPOCHS if selection == "last" else selection if isinstance(selection, int) else None
-        truth = best if epoch is None else epoch_value(table, row, benchmark, best, epoch)
+        truth = self.truth(table, row, part, selection)
         latent, order = self._queries(table, row, benchmark, direction)
         hits = latent.hits(truth / 100.0)
         draws = np.empty((self.sims, self.boot.settings.resamples + 1))
@@ -233,7 +241,7 @@ class SimulatedSource:
         self._probes: dict[str, list[dict]] = {}
 
     def has(self, table: str, row: str, part: tuple[str, str, str]) -> bool:
-        return not math.isnan(_printed(table, row, part))
+        return not math.isnan(printed(table, row, part))
 
     def epochs(self, table: str, row: str, part: tuple[str, str, str]) -> list[int]:
         raise CellUnavailable("retrieval cells are simulated in batches", table)
@@ -274,7 +282,7 @@ class SimulatedSource:
         return float(value * math.exp(self.rng.normal(0, 0.05)))  # run-to-run timing jitter
 
 
-def _batch_verdicts(claim: dict, cells: BatchedCells, decision: dict) -> list[str]:
+def batch_verdicts(claim: dict, cells: BatchedCells, decision: dict) -> list[str]:
     """The verdict of each of the batch's reproductions on one claim (every precondition holds)."""
     try:
         draws = statistic_draws(claim["statistic"], cells).reshape(cells.sims, -1)
@@ -293,13 +301,13 @@ def support_rates(claims: list[dict], n_sims: int = 200, resamples: int = 100, s
     pool = QueryPool(Bootstrap(BootstrapSettings(resamples=resamples, seed=seed)), rng, test_sizes())
     conditions = paper_conditions()
     counts = {c["claim_id"]: dict.fromkeys(VERDICTS, 0) for c in claims}
-    batched = [c for c in claims if _batchable(c["statistic"])]
+    batched = [c for c in claims if batchable(c["statistic"])]
     cells = BatchedCells(pool, rng, n_sims)
     for claim in batched:
         decision = claim.get("real_data_decision", claim["decision"])
-        for verdict in _batch_verdicts(claim, cells, decision):
+        for verdict in batch_verdicts(claim, cells, decision):
             counts[claim["claim_id"]][verdict] += 1
-    single = [c for c in claims if not _batchable(c["statistic"])]
+    single = [c for c in claims if not batchable(c["statistic"])]
     for _ in range(n_sims if single else 0):
         source = SimulatedSource(pool, rng)
         for claim in single:

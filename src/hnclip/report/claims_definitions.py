@@ -4,6 +4,11 @@ A statistic is a leaf (one kind: contrast, spread, trajectory, order_preserved, 
 timing_ratio; see hnclip.report.claims_statistics) or a `difference` / `concat` of statistics."""
 from __future__ import annotations
 
+import hashlib
+import json
+from pathlib import Path
+
+from hnclip.io import read_json
 from hnclip.report.effects import definitions
 
 COMPOSITES = ("difference", "concat")  # statistics built of other statistics
@@ -12,6 +17,23 @@ COMPOSITES = ("difference", "concat")  # statistics built of other statistics
 def claim_definitions() -> list[dict]:
     """Every claim of claims.yaml (quote, where, decision, statistic, requires, ...), in file order."""
     return definitions()["claims"]
+
+
+# Each rule's measured specificity at the paper's test sizes (`python -m hnclip.report.specificity`)
+SPECIFICITY_FILE = Path(__file__).with_name("claims_specificity.json")
+NULL_SUPPORT_MAX = 0.10   # "supported" needs a rule that says so at most this often without the effect
+SIZE_MIN = 0.90           # ... and at least this often for an exact reproduction of the paper
+
+
+def rule_hash(claim: dict) -> str:
+    """What a claim's verdict depends on: its statistic and decisions (not its quote or prose)."""
+    rule = {key: claim.get(key) for key in ("statistic", "decision", "real_data_decision")}
+    return hashlib.sha256(json.dumps(rule, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def rule_specificity(path: Path = SPECIFICITY_FILE) -> dict[str, dict]:
+    """claim_id -> its rule's size, null_support, reversed_support, note and rule_hash (empty: no file)."""
+    return read_json(path)["claims"] if path.is_file() else {}
 
 
 def statistic_leaves(statistic: dict) -> list[dict]:

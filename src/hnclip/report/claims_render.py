@@ -69,12 +69,31 @@ def _header(reg: Registry, frame: pd.DataFrame, boot: Bootstrap, conditions: dic
            f"queries (and seeds; paired across runs on the same queries; {s.resamples} resamples, seed {s.seed}). "
            "Counts of \"all N\" claims take the tie tolerance their decision states: a reproduction at the "
            "paper's test-set sizes cannot resolve a smaller difference. Sanity checks hold nearly by construction "
-           "(L_HN is L_CLIP on logits shifted by γG ≥ 0) and are judged per run.", ""]
+           "(L_HN is L_CLIP on logits shifted by γG ≥ 0) and are judged per run.", "",
+           "Each rule was also run on simulated reproductions at the paper's test sizes "
+           "(src/hnclip/report/claims_specificity.json): how often it says supported when the paper is reproduced "
+           "exactly (exact), when the rows the claim compares are equal (null) and when the effect is one R@1 "
+           "point the other way (reversed). A rule whose null share is above 10 %, or not measured, cannot tell "
+           "the claim from its absence: its \"supported\" is reported as **consistent**. A verdict whose estimate is "
+           "within one standard error of the decision's threshold is marked (borderline).", ""]
     out += [f"* **{v.replace('_', ' ')}**: {meaning}" for v, meaning in VERDICT_MEANINGS.items()]
     if reg.profile_name != "paper":
         out += ["", "> The embedded miniature tests directions of effect; claims about the real benchmarks' magnitudes "
                     "are not testable on it."]
     return out
+
+
+def _share(value) -> str:
+    return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.0%}"
+
+
+def _rule_passes(rec: dict) -> str:
+    """How often the rule says supported: exact reproduction / effect absent / reversed by a point."""
+    if all(_share(rec.get(k)) == "–" for k in ("size", "null_support", "reversed_support")):
+        return f"– ({rec.get('specificity_note') or 'not measured'})"
+    text = f"{_share(rec.get('size'))} / {_share(rec.get('null_support'))} / {_share(rec.get('reversed_support'))}"
+    note = rec.get("specificity_note")
+    return text + (f" ({note})" if isinstance(note, str) and note else "")
 
 
 def _claim_row(rec: dict, spec: dict) -> str:
@@ -90,8 +109,9 @@ def _claim_row(rec: dict, spec: dict) -> str:
     claim = f"**{rec['claim_id']}** ({label}{rec['where']}): “{readable_quote(rec['quote'])}”"
     if isinstance(rec.get("group_reason"), str) and rec["group_reason"]:
         claim += f" — why it is ours: {rec['group_reason']}"
-    cells = [claim, rec["paper_value"], on_paper, reproduced,
-             rec["verdict"].replace("_", " "), f"{rec['decision']}: {spec.get('why', '')}"]
+    verdict = rec["verdict"].replace("_", " ") + (" (borderline)" if rec.get("borderline") is True else "")
+    cells = [claim, rec["paper_value"], on_paper, reproduced, verdict,
+             f"{rec['decision']}: {spec.get('why', '')}", _rule_passes(rec)]
     return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"  # quotes hold |Δ|
 
 
@@ -106,7 +126,7 @@ def to_markdown(reg: Registry, frame: pd.DataFrame, boot: Bootstrap, conditions:
         if not records:
             continue
         out += ["", f"## {title}", "", "| claim | paper | on the paper's numbers | reproduced [95 % CI] | verdict | "
-                "decision |", "|---|---|---|---|---|---|"]
+                "decision | rule says supported: exact / null / reversed |", "|---|---|---|---|---|---|---|"]
         out += [_claim_row(rec, specs.get(rec["claim_id"], {"statistic": {}})) for rec in records]
     out += ["", "## Evidence and reasons", ""]
     for rec in frame.to_dict("records"):

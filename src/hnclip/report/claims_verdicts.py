@@ -14,7 +14,7 @@ import math
 import pandas as pd
 
 from hnclip.config.registry import NOT_IMPLEMENTED, Registry
-from hnclip.report.claims_definitions import claim_definitions
+from hnclip.report.claims_definitions import NULL_SUPPORT_MAX, claim_definitions, rule_hash, rule_specificity
 from hnclip.report.claims_preconditions import (
     REGIME_CONDITIONS,
     as_condition,
@@ -28,7 +28,11 @@ from hnclip.report.effects import CellUnavailable, format_evidence, summarise
 from hnclip.report.uncertainty import Bootstrap
 
 VERDICT_MEANINGS = {
-    "supported": "the whole 95 % interval satisfies the claim's decision",
+    "supported": "the whole 95 % interval satisfies the claim's decision, by a rule that an absence of the "
+                 "claimed effect passes at most 10 % of the time (its null support, at the paper's test sizes)",
+    "consistent": "the interval satisfies the decision, but the rule passes without the claimed effect too (null "
+                  "support above 10 %) or its null support is not measured: the data agree with the claim "
+                  "without confirming it",
     "contradicted": "none of the interval does",
     "inconclusive": "the interval straddles the decision: this profile's data cannot tell",
     "not_testable": "this profile cannot test it: a magnitude of the real benchmarks on the miniature, or a "
@@ -39,7 +43,8 @@ VERDICTS = tuple(VERDICT_MEANINGS)
 SCORECARD_COLUMNS = [
     "claim_id", "quote", "paper_value", "reproduced_value", "ci_low", "ci_high", "verdict", "evidence", "decision",
     "reason", "where", "paper_verdict", "paper_number", "paper_self_consistent", "tolerance", "sanity_check",
-    "requires", "group", "group_reason"]
+    "requires", "group", "group_reason", "borderline", "size", "null_support", "reversed_support",
+    "specificity_note"]
 # A claim's group: the paper's own claims, or our additional checks (claims.yaml `group: additional`)
 GROUPS = {"paper": "The paper's claims", "additional": "Our additional checks (not claims the paper makes)"}
 
@@ -77,6 +82,38 @@ def decide(decision: dict, value: float, low: float, high: float) -> str:
     return "contradicted" if not _holds(decision, low) and not _holds(decision, high) else "inconclusive"
 
 
+def is_borderline(decision: dict, value: float, low: float, high: float) -> bool:
+    """Whether the estimate sits within one standard error (the 95 % interval's width / 3.92) of the
+    decision's threshold (of the nearer bound of a band)."""
+    if math.isnan(low):
+        return False
+    bounds = [decision["low"], decision["high"]] if decision["op"] == "between" else [decision["threshold"]]
+    return min(abs(value - bound) for bound in bounds) < (high - low) / 3.92
+
+
+def with_specificity(row: dict, claim: dict, measured: dict[str, dict]) -> dict:
+    """The row with its rule's specificity (claims_specificity.json) and the gate on "supported": a
+    verdict whose rule also passes the claim's absence more than NULL_SUPPORT_MAX of the time, or whose
+    absence was not simulated, is `consistent`, on this profile's results and on the paper's numbers."""
+    entry = measured.get(claim["claim_id"])
+    if entry is None or entry["rule_hash"] != rule_hash(claim):
+        entry = {"size": math.nan, "null_support": None, "reversed_support": None,
+                 "specificity_note": "not measured for this rule (python -m hnclip.report.specificity)"}
+    null = math.nan if entry["null_support"] is None else entry["null_support"]
+    out = {**row, "size": entry["size"], "null_support": null,
+           "reversed_support": math.nan if entry["reversed_support"] is None else entry["reversed_support"],
+           "specificity_note": entry["specificity_note"]}
+    if not (null <= NULL_SUPPORT_MAX):  # NaN: not measured
+        why = (f"the rule also says supported in {null:.0%} of simulated reproductions without the effect"
+               if not math.isnan(null) else f"its specificity is not measured: {entry['specificity_note']}")
+        for key, reason_key in (("verdict", "reason"), ("paper_verdict", None)):
+            if out.get(key) == "supported":
+                out[key] = "consistent"
+                if reason_key:
+                    out[reason_key] = "; ".join(r for r in (out[reason_key], f"consistent, not supported: {why}") if r)
+    return out
+
+
 def unavailable_verdict(exc: CellUnavailable) -> str:
     """The verdict of a claim whose statistic could not read a cell."""
     return "not_implemented" if exc.status == NOT_IMPLEMENTED else "not_testable"
@@ -91,7 +128,7 @@ def judge_claim(claim: dict, source, conditions: dict, boot: Bootstrap) -> dict:
            "decision": decision_text(decision, tolerance), "reason": "", "where": claim["where"],
            "tolerance": tolerance, "sanity_check": bool(claim.get("sanity_check")),
            "requires": ", ".join(claim.get("requires", {})), "group": claim.get("group", "paper"),
-           "group_reason": claim.get("group_reason", "")}
+           "group_reason": claim.get("group_reason", ""), "borderline": False}
     failed, unmeasured = unmet_preconditions(claim, conditions)
     real_data = as_condition(conditions.get("real_data")).met
     if real_data and unmeasured:  # real runs: a comparison is judged only where its regime was measured
@@ -107,6 +144,7 @@ def judge_claim(claim: dict, source, conditions: dict, boot: Bootstrap) -> dict:
         return {**row, "verdict": unavailable_verdict(exc), "reason": str(exc),
                 "evidence": format_evidence(source.evidence)}
     value, low, high = summarise(draws, boot)
+    row["borderline"] = is_borderline(decision, value, low, high)
     notes = [] if not math.isnan(low) else [f"no interval: {source.no_interval(claim['statistic'])}"]
     notes += [f"precondition `{name}` not measured on this profile" for name in unmeasured]
     return {**row, "reproduced_value": value, "ci_low": low, "ci_high": high,
@@ -132,17 +170,17 @@ def paper_judgement(claim: dict, conditions: dict | None = None) -> dict:
 
 
 def _self_consistent(verdict: str):
-    return {"supported": True, "contradicted": False}.get(verdict)
+    return {"supported": True, "consistent": True, "contradicted": False}.get(verdict)
 
 
 def scorecard(reg: Registry, boot: Bootstrap) -> pd.DataFrame:
     """Every claim judged on this profile's results and on the paper's own numbers (SCORECARD_COLUMNS)."""
     source, conditions = ReproducedSource(reg, boot), profile_conditions(reg)
     on_paper = paper_conditions(reg.params.get("regime_targets"))
-    rows = []
+    rows, measured = [], rule_specificity()
     for claim in claim_definitions():
         paper = paper_judgement(claim, on_paper)
-        rows.append({**judge_claim(claim, source, conditions, boot), "paper_verdict": paper["paper_verdict"],
-                     "paper_number": paper["paper_statistic"],
-                     "paper_self_consistent": _self_consistent(paper["paper_verdict"])})
+        row = with_specificity({**judge_claim(claim, source, conditions, boot), "paper_verdict": paper["paper_verdict"],
+                                "paper_number": paper["paper_statistic"]}, claim, measured)
+        rows.append({**row, "paper_self_consistent": _self_consistent(row["paper_verdict"])})
     return pd.DataFrame(rows).reindex(columns=SCORECARD_COLUMNS)

@@ -1,0 +1,268 @@
+"""Specificity of the claims' decision rules: would a rule also say "supported" when the claimed effect
+is absent?
+
+`hnclip.report.calibration` asks whether an exact reproduction of the paper passes a rule (its `size`
+here). This module asks the other side, in two more simulated worlds at the same test sizes:
+
+* **null**: the rows a claim compares are made equal in truth. A contrast's a row takes the truth of its
+  b side (the best of several b rows, or the `b_rank`-th best; at the b side's selected epoch), a
+  spread's rows take its first row's, a trajectory's row is flat at its best value, an order check's
+  rows all take the first reference row's. Every leaf of a `difference` or `concat` is made null.
+* **reversed**: the null world, with the first contrast's a rows moved `SHIFT` R@1 points against the
+  claim's direction (below the b side for a claim that a row is higher, above it for one that it is
+  lower).
+
+`null_support` and `reversed_support` are the shares of simulated reproductions that the rule calls
+supported there. Simulated: the claims whose statistic reads retrieval cells (contrasts, spreads,
+trajectories, order checks) and states a direction (a decision `>`, `>=`, `<` or `<=` on a signed
+reducer). Closeness claims ("between", `abs_mean`, `max_abs`: the claimed effect *is* equality), and
+claims on gradient probes, caption statistics or timings, are not: their null world is not a change of
+rows, and their specificity is NaN with the reason in `specificity_note`.
+
+`python -m hnclip.report.specificity` measures every rule at the paper's test sizes (Table A1), with its
+`size` from the calibration, and writes `claims_specificity.json` beside claims.yaml, each entry with the
+hash of the rule it measured (`rule_hash`): the scorecard reads it (hnclip.report.claims_verdicts), and a
+rule edited since is reported as not measured until the file is rewritten.
+
+Unlike the calibration, which draws rows independently (the least favourable case for an exact
+reproduction), outcomes here are correlated between runs (`WorldCells`, `correlation`): real runs share
+easy and hard queries, which narrows a paired interval and makes a tie tolerance easier to pass when the
+effect is absent.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from statistics import NormalDist
+
+import numpy as np
+import pandas as pd
+
+from hnclip.io import write_json
+from hnclip.report.calibration import (
+    BatchedCells,
+    QueryPool,
+    batch_verdicts,
+    batchable,
+    printed,
+    support_rates,
+    test_sizes,
+    true_recall,
+)
+from hnclip.report.claims_definitions import SPECIFICITY_FILE, claim_definitions, row_of, rule_hash
+from hnclip.report.effects import CellUnavailable
+from hnclip.report.uncertainty import Bootstrap, BootstrapSettings
+
+SHIFT = 1.0                       # R@1 points the reversed world moves an effect the other way
+CORRELATION = 0.5                 # between two runs' per-query outcomes on one test set (latent, Gaussian)
+WORLDS = ("null", "reversed")
+SIGNED_REDUCERS = (None, "value", "min", "max", "mean", "count_positive", "count_nonnegative")
+
+
+def claim_direction(claim: dict) -> int | None:
+    """+1 where the claim says its statistic is high (a row above another), −1 where low, None where it
+    claims closeness (a band, an absolute deviation)."""
+    decision = claim.get("real_data_decision", claim["decision"])
+    if decision["op"] == "between" or claim["statistic"].get("reduce") not in SIGNED_REDUCERS:
+        return None
+    return 1 if decision["op"] in (">", ">=") else -1
+
+
+@dataclass
+class World:
+    """A truth for the simulated reproduction's cells other than the paper's printed numbers.
+    `equal[(table, row)]`: Equalities, the first that covers a cell's benchmark sets its truth; `flat`
+    rows keep their best value at every epoch."""
+    equal: dict[tuple[str, str], list[Equality]] = field(default_factory=dict)
+    flat: set[tuple[str, str]] = field(default_factory=set)
+
+    def truth(self, table: str, row: str, part: tuple[str, str, str], selection, depth: int = 0) -> float:
+        key = (table, row)
+        rule = next((e for e in self.equal.get(key, []) if e.benchmarks is None or part[0] in e.benchmarks), None)
+        if rule is not None and depth < 8:  # depth: a chain of equalities, never a cycle's loop
+            source_selection = rule.selections.get(_selection_key(selection), selection)
+            values = [self.truth(t, r, part, source_selection, depth + 1) for t, r in rule.sources]
+            values = sorted((v for v in values if not math.isnan(v)), reverse=True)
+            if len(values) >= rule.rank:
+                return values[rule.rank - 1] + rule.shift
+        return printed(table, row, part) if key in self.flat else true_recall(table, row, part, selection)
+
+
+@dataclass(frozen=True)
+class Equality:
+    """A row's truth: the `rank`-th best of its `sources`' truths plus `shift`, on `benchmarks` (None: all),
+    the sources read at the selection `selections` maps the row's to (the a side's -> the b side's)."""
+    sources: list[tuple[str, str]]
+    rank: int = 1
+    shift: float = 0.0
+    selections: dict = field(default_factory=dict)
+    benchmarks: frozenset | None = None
+
+
+def _selection_key(selection):
+    return "best" if selection is None else selection
+
+
+def _leaves_into(statistic: dict, world: World, shift: list[float]) -> bool:
+    """Make every leaf of `statistic` null in `world`; the first contrast takes the pending `shift`.
+    False where a leaf is not a comparison of rows."""
+    for composite in ("difference", "concat"):
+        if composite in statistic:
+            return all(_leaves_into(s, world, shift) for s in statistic[composite])
+    if "contrast" in statistic:
+        spec = statistic["contrast"]
+        table, b_table = spec["table"], spec.get("b_table", spec["table"])
+        a_selection = _selection_key(spec.get("a_selection", spec.get("selection")))
+        b_selection = spec.get("b_selection", spec.get("selection"))
+        selections = {} if spec.get("epochs") == "each" else {a_selection: b_selection}
+        moved, shift[:] = shift[0], [0.0]
+        # a moved contrast moves its own benchmarks only: another leaf may compare the same rows elsewhere
+        benchmarks = frozenset(spec["columns"]["benchmarks"]) if moved else None
+        for a, b in spec["pairs"]:
+            sources = [row_of(row, b_table)[::-1] for row in ([b] if isinstance(b, str) else b)]  # (table, row)
+            world.equal.setdefault((table, a), []).append(
+                Equality(sources, spec.get("b_rank", 1), moved, selections, benchmarks))
+        return True
+    if "spread" in statistic or "order_preserved" in statistic:
+        spec = statistic.get("spread") or statistic["order_preserved"]
+        rows = spec.get("rows") or [*spec["reference"], *spec["replicate"]]
+        for row in rows[1:]:
+            world.equal.setdefault((spec["table"], row), []).append(Equality([(spec["table"], rows[0])]))
+        return True
+    if "trajectory" in statistic:
+        spec = statistic["trajectory"]
+        world.flat |= {(spec["table"], row) for row in spec["rows"]}
+        return True
+    return False
+
+
+def world_of(claim: dict, kind: str) -> World | str:
+    """The claim's null or reversed world, or why it has none."""
+    direction = claim_direction(claim)
+    if direction is None:
+        return "a closeness claim: its null world is the claim itself"
+    if not batchable(claim["statistic"]):
+        return "not a comparison of retrieval cells (gradient probes, caption statistics or timings)"
+    world = World()
+    shift = [-direction * SHIFT if kind == "reversed" else 0.0]
+    if not _leaves_into(claim["statistic"], world, shift):
+        return "not a comparison of rows"
+    return world
+
+
+class WorldCells(BatchedCells):
+    """BatchedCells whose truth is a World's, with outcomes correlated between runs: query q of a row is
+    a hit when Φ(√ρ·Z_q + √(1−ρ)·E_q,row) < the row's true Recall (a Gaussian copula; Z is shared by every
+    run on the test set and direction, as real runs share easy and hard queries; E is the run's own, the
+    same at every epoch, so a run's epochs are nested). The bootstrap resamples the queries as the
+    scorecard does, the same resamples for every cell of a test set."""
+
+    def __init__(self, pool: QueryPool, rng: np.random.Generator, sims: int, world: World, correlation: float,
+                 counts: dict[str, np.ndarray]):
+        super().__init__(pool, rng, sims)
+        self.world, self.correlation = world, correlation
+        self._shared: dict[tuple[str, str], np.ndarray] = {}
+        self._own: dict[tuple[str, str, str, str], np.ndarray] = {}
+        self._counts = counts  # shared by every claim's cells: the bootstrap's resamples do not change
+        self._cells: dict[tuple, np.ndarray] = {}
+
+    def truth(self, table: str, row: str, part: tuple[str, str, str], selection) -> float:
+        return self.world.truth(table, row, part, selection)
+
+    def _latent_normal(self, table: str, row: str, benchmark: str, direction: str) -> np.ndarray:
+        n = self.pool.sizes[benchmark]
+        if (benchmark, direction) not in self._shared:
+            self._shared[benchmark, direction] = self.rng.standard_normal((self.sims, n), dtype=np.float32)
+        key = (table, row, benchmark, direction)
+        if key not in self._own:
+            own = self.rng.standard_normal((self.sims, n), dtype=np.float32)
+            rho = self.correlation
+            self._own[key] = math.sqrt(rho) * self._shared[benchmark, direction] + math.sqrt(1 - rho) * own
+        return self._own[key]
+
+    def _resample_counts(self, benchmark: str) -> np.ndarray:
+        """[n, resamples]: how often each query is drawn in each bootstrap resample."""
+        if benchmark not in self._counts:
+            n = self.pool.sizes[benchmark]
+            index = self.boot.resample(benchmark, n)
+            resamples = index.shape[0]
+            flat = (index + n * np.arange(resamples)[:, None]).ravel()
+            counts = np.bincount(flat, minlength=resamples * n).reshape(resamples, n)
+            self._counts[benchmark] = np.ascontiguousarray(counts.T, dtype=np.float32)
+        return self._counts[benchmark]
+
+    def cell(self, table: str, row: str, part: tuple[str, str, str], selection) -> np.ndarray:
+        key = (table, row, part, selection)
+        if key not in self._cells:  # a b row is read once per pair that names it
+            self._cells[key] = self._draw(table, row, part, selection)
+        return self._cells[key]
+
+    def _draw(self, table: str, row: str, part: tuple[str, str, str], selection) -> np.ndarray:
+        benchmark, direction, _ = part
+        if math.isnan(printed(table, row, part)):
+            raise CellUnavailable(f"not a cell of {table}", f"{table} {row}/{'/'.join(part)}")
+        truth = min(max(self.truth(table, row, part, selection) / 100.0, 0.0), 1.0)
+        latent = self._latent_normal(table, row, benchmark, direction)
+        hits = (latent < NormalDist().inv_cdf(truth) if 0 < truth < 1 else np.full(latent.shape, truth >= 1))
+        hits = hits.astype(np.float32)
+        n = hits.shape[1]
+        draws = np.empty((self.sims, self.boot.settings.resamples + 1))
+        draws[:, 0] = hits.sum(axis=1)
+        draws[:, 1:] = hits @ self._resample_counts(benchmark)
+        return (draws * (100.0 / n)).ravel()
+
+
+def specificity(claims: list[dict], n_sims: int = 200, resamples: int = 100, seed: int = 0,
+                sizes: dict[str, int] | None = None, correlation: float = CORRELATION) -> pd.DataFrame:
+    """Per claim: `null_support`, `reversed_support` (NaN where not simulated) and `specificity_note`."""
+    rng = np.random.default_rng(seed)
+    pool = QueryPool(Bootstrap(BootstrapSettings(resamples=resamples, seed=seed)), rng, sizes or test_sizes())
+    rows, counts = [], {}
+    for claim in claims:
+        row = {"claim_id": claim["claim_id"], "specificity_note": ""}
+        decision = claim.get("real_data_decision", claim["decision"])
+        for kind in WORLDS:
+            world = world_of(claim, kind)
+            if isinstance(world, str):
+                row[f"{kind}_support"], row["specificity_note"] = math.nan, world
+                continue
+            verdicts = batch_verdicts(claim, WorldCells(pool, rng, n_sims, world, correlation, counts), decision)
+            row[f"{kind}_support"] = sum(v == "supported" for v in verdicts) / n_sims
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+# ---- the rules' specificity, kept beside claims.yaml ------------------------------------------------
+SETTINGS = {"sims": 200, "resamples": 100, "seed": 0, "correlation": CORRELATION, "shift": SHIFT}
+
+
+def rule_specificity(claims: list[dict], sims: int, resamples: int, seed: int,
+                     correlation: float = CORRELATION) -> dict[str, dict]:
+    """Per claim at the paper's test sizes: `size` (supported in an exact reproduction, independent rows:
+    hnclip.report.calibration), `null_support`, `reversed_support` and the note, with the rule's hash."""
+    sizes = support_rates(claims, n_sims=sims, resamples=resamples, seed=seed).set_index("claim_id")["supported"]
+    worlds = specificity(claims, n_sims=sims, resamples=resamples, seed=seed, correlation=correlation)
+    out = {}
+    for claim, world in zip(claims, worlds.to_dict("records")):
+        out[claim["claim_id"]] = {"rule_hash": rule_hash(claim), "size": float(sizes[claim["claim_id"]]),
+                                  **{k: (None if isinstance(v, float) and math.isnan(v) else v)
+                                     for k, v in world.items() if k != "claim_id"}}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m hnclip.report.specificity: measure every rule and write claims_specificity.json."""
+    import argparse
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--out", type=Path, default=SPECIFICITY_FILE)
+    args = parser.parse_args(argv)
+    claims = claim_definitions()
+    measured = rule_specificity(claims, SETTINGS["sims"], SETTINGS["resamples"], SETTINGS["seed"])
+    write_json(args.out, {"settings": {**SETTINGS, "test_sizes": test_sizes()}, "claims": measured})
+    print(f"wrote {args.out}: {len(measured)} rules")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
