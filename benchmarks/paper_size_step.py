@@ -59,6 +59,7 @@ DEFAULT_OUT = ROOT / "benchmarks" / "results" / "paper_size_step.jsonl"
 PROFILE = "paper"
 TRAIN_SET = "dci"      # Table A3's training set: its GOAL run pays the released cost-only steps
 MICRO_BATCH, GRAD_ACCUM = 2, 1
+DEVICE = "cpu"         # --device: set in the parent before the processes fork (which never touches CUDA)
 EPOCH, MICRO_BATCH_INDEX = 1, 0   # the second epoch's first micro-batch: every term weighted (FineLIP's ramp is 1)
 IMAGE_SIZE = (1024, 768)  # 4:3 as DOCCI's photos; the towers see their own 224 / 336 / 1024 px input
 # framework -> the params.yaml method that trains it
@@ -344,7 +345,7 @@ def machine() -> dict:
     own, so that the parent never starts torch's threads before it forks."""
     import torch
     from throughput import environment
-    return {**environment(torch.device("cpu")), "memory_total_gb": round(total_gb(), 1),
+    return {**environment(torch.device(DEVICE)), "memory_total_gb": round(total_gb(), 1),
             "gemm_gflops_1thread": gemm_gflops()}
 
 
@@ -363,7 +364,7 @@ def paper_job(reg, framework: str, prepared: dict, work: Path):
     spec["recipe"].update(micro_batch=MICRO_BATCH, grad_accum=GRAD_ACCUM)
     execution = {**reg.profile["execution"], "cost_only_steps": reg.released_costs(run.run_id),
                  "compute_batch": reg.profile["recipe"].get("compute_batch", paper_recipe["micro_batch"]),
-                 "threads": min(reg.profile["execution"]["threads"], os.cpu_count() or 1), "device": "cpu"}
+                 "threads": min(reg.profile["execution"]["threads"], os.cpu_count() or 1), "device": DEVICE}
     auxiliary = {kind: Path(prepared[kind]) for kind in reg.auxiliary_inputs(run.run_id)}
     job = TrainJob(run_id=run.run_id, spec=spec, spec_hash=run.spec_hash, init_kind="longclip",
                    init_path=Path(prepared["checkpoint"]), model_config=reg.backbone_spec()["model_config"],
@@ -408,7 +409,9 @@ def train_step(framework: str, job, paper_recipe: dict, method_params: dict) -> 
     objective = with_run_seed(spec["objective"], spec["seed"])
     torch.set_num_threads(execution["threads"])
     torch.manual_seed(spec["seed"])
-    device = torch.device("cpu")
+    device = torch.device(DEVICE)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     backbone, trained, frozen_text = build_model(job, device)
     loaded = time.perf_counter()
     train_set = PairDataset.from_manifest(job.train_manifest, backbone.preprocess, backbone.tokenizer)
@@ -433,6 +436,7 @@ def train_step(framework: str, job, paper_recipe: dict, method_params: dict) -> 
     records = group_backward(mode, model, method, batches, positions, objective, frozen_text,
                              lambda: autocast_context(device, precision), check,
                              execution["compute_batch"], recipe["micro_batch"], lambda pairs: None)
+    _synchronize(device)
     backward_done = time.perf_counter()
     named = _named_trainable(trained)
     without_grad = [name for name, p in named if p.grad is None]
@@ -443,6 +447,7 @@ def train_step(framework: str, job, paper_recipe: dict, method_params: dict) -> 
     optimizer.step()
     method.after_step(model)
     clamp_logit_scale(model, recipe.get("max_logit_scale"))
+    _synchronize(device)
     stepped = time.perf_counter()
     non_finite_weights = [name for name, p in named if not bool(torch.isfinite(p.detach()).all())]
     losses = {name: value for name, value in records[0].items() if name in method.loss_names}
@@ -475,7 +480,8 @@ def train_step(framework: str, job, paper_recipe: dict, method_params: dict) -> 
         "timing_s": {"load_model": round(loaded - started, 2), "data_and_method": round(prepared_s - loaded, 2),
                      "forward_backward": round(backward_done - prepared_s, 2),
                      "optimizer_step": round(stepped - backward_done, 2), "step": round(stepped - prepared_s, 2)},
-        "wall_s": round(stepped - started, 2),
+        "wall_s": round(stepped - started, 2), "device": str(device),
+        "peak_device_gb": round(torch.cuda.max_memory_allocated(device) / GB, 3) if device.type == "cuda" else None,
         "self_peak_rss_gb": round(_self_maxrss_gb(), 3)}
     problems = []
     if not result["losses_finite"]:
@@ -497,6 +503,12 @@ class CheckFailed(AssertionError):
     def __init__(self, message: str, measured: dict):
         super().__init__(message)
         self.measured = measured
+
+
+def _synchronize(device) -> None:
+    import torch
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _self_maxrss_gb() -> float:
@@ -530,7 +542,7 @@ def run_sam(folder: Path, prepared: dict, aux: dict, threads: int, points_per_si
     image_path = read_manifest(prepared["manifest"])[0].image
     started = time.perf_counter()
     segmenter = SamSegmenter(folder, points_per_side=points_per_side,
-                             points_per_batch=aux["segmenter"].get("points_per_batch", 128), device="cpu")
+                             points_per_batch=aux["segmenter"].get("points_per_batch", 128), device=DEVICE)
     loaded = time.perf_counter()
     with Image.open(image_path) as opened:
         image = opened.convert("RGB")
@@ -559,7 +571,7 @@ def run_clip(folder: Path, prepared: dict, threads: int) -> dict:
     torch.set_num_threads(threads)
     row = read_manifest(prepared["manifest"])[0]
     started = time.perf_counter()
-    encoders = hf_clip_encoders(folder, device="cpu")
+    encoders = hf_clip_encoders(folder, device=DEVICE)
     loaded = time.perf_counter()
     with Image.open(row.image) as opened:
         image = opened.convert("RGB")
@@ -603,6 +615,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="torch threads of the auxiliary models (default: as the paper's training, capped)")
     parser.add_argument("--workdir", type=Path, default=None, help="keep the generated files here (default: a "
                                                                     "temporary folder, removed at the end)")
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda: the steps and the auxiliary models on the "
+                                                        "GPU (peak_device_gb: the memory torch allocated there)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON lines are appended here")
     args = parser.parse_args(argv)
     for value, known in ((args.frameworks, FRAMEWORKS), (args.auxiliary_models, AUXILIARY_MODELS)):
@@ -615,7 +629,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
+    global DEVICE
     args = parse_args(argv)
+    DEVICE = args.device
     frameworks = [f for f in args.frameworks.split(",") if f]
     auxiliary_models = [m for m in args.auxiliary_models.split(",") if m]
     if args.workdir is None:

@@ -63,12 +63,13 @@ def measured_block_bytes(kind: str, tower: str, bf16: bool) -> float:
 
 
 @pytest.mark.parametrize(("kind", "bf16", "tolerance"), [("full", False, 0.02), ("full", True, 0.12),
-                                                         ("dora", False, 0.02)])
+                                                         ("dora", False, 0.02), ("dora", True, 0.08),
+                                                         ("lora", True, 0.08)])
 @pytest.mark.parametrize("tower", ["image", "text"])
 def test_block_bytes_match_what_autograd_saves_at_long_clip_l_widths(kind, bf16, tolerance, tower):
     torch.manual_seed(0)
     shape = IMAGE if tower == "image" else TEXT
-    modelled = shape.block_values(2 if bf16 else 4, dora=kind == "dora")
+    modelled = shape.block_values(2 if bf16 else 4, adapter=None if kind == "full" else kind)
     measured = measured_block_bytes(kind, tower, bf16)
     assert measured == pytest.approx(modelled, rel=tolerance)
 
@@ -77,7 +78,9 @@ def test_a_block_holds_80_bytes_per_token_width_value_in_fp32_and_44_in_bf16():
     value = Tower(1, 1, 1, 4.0)
     assert value.block_values(4) == 80
     assert value.block_values(2) == 44
-    assert value.block_values(4, dora=True) == 80 + 2 * 9 * 4
+    assert value.block_values(4, adapter="dora") == 80 + 2 * 9 * 4
+    assert value.block_values(2, adapter="dora") == 44 + 9 * 4 + 9 * 2
+    assert value.block_values(2, adapter="lora") == 44 + 2 * 2 and value.block_values(4, adapter="lora") == 80
 
 
 def test_checkpointing_keeps_one_fp32_residual_per_token_and_block():

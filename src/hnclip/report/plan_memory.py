@@ -14,9 +14,11 @@ at Long-CLIP-L's widths, tests/test_plan_memory.py), in values of tokens x width
 Flash / memory-efficient attention keeps no tokens x tokens score matrix. So a block holds 80 bytes per
 token-width value in fp32 and 44 in bf16 (the fp32 -> bf16 conversion: 2 x 4 + 18 x 2 against 20 x 4).
 DoRA keeps two more values per output feature of each adapted linear (9 x width a token: q, k, v, out,
-4 x width of the MLP's first linear, the second's width), for the magnitude rescale; LoRA's extra (rank 16)
-is below 2 %. Outside the blocks: the pixels (3 values a pixel) and 4 residual values a token (embedding,
-pre/post LayerNorms, with the token term also the projected tokens). The token term L_tok keeps each
+4 x width of the MLP's first linear, the second's width) for the magnitude rescale, one in fp32 and one at
+the compute dtype (fp32: 72 bytes more per token-width value, bf16: 54); LoRA (rank 16) adds 2 values at
+the compute dtype under autocast (its path's own cast of the input) and nothing measurable in fp32.
+Outside the blocks: the pixels (3 values a pixel) and 4 residual values a token (embedding, pre/post
+LayerNorms, with the token term also the projected tokens). The token term L_tok keeps each
 16-pair group's [m, m, patches, tokens] score tensor: m x patches x tokens fp32 values a pair.
 
 How many tower passes a pair costs, by framework (the trainer's code):
@@ -57,19 +59,22 @@ class Tower:
     mlp_ratio: float
     pixels: int = 0             # an image tower's input pixels
 
-    def block_values(self, compute_bytes: int, dora: bool = False) -> float:
-        """Bytes one block saves per sample."""
+    def block_values(self, compute_bytes: int, adapter: str | None = None) -> float:
+        """Bytes one block saves per sample (`adapter`: lora, dora or None)."""
         per_token = 2 * RESIDUAL_BYTES + (6 + 3 * self.mlp_ratio) * compute_bytes
-        if dora:
-            per_token += 2 * (5 + self.mlp_ratio) * compute_bytes
+        extra = 5 + self.mlp_ratio  # values a token of the adapted linears' outputs: q, k, v, out, fc1, fc2
+        if adapter == "dora":       # the magnitude rescale: one copy in fp32, one at the compute dtype
+            per_token += extra * 4 + extra * compute_bytes
+        elif adapter == "lora" and compute_bytes < 4:
+            per_token += 2 * compute_bytes  # the adapter path's own cast of its input under autocast
         return self.tokens * self.width * per_token
 
-    def pass_bytes(self, compute_bytes: int, dora: bool = False, checkpointing: bool = False) -> float:
+    def pass_bytes(self, compute_bytes: int, adapter: str | None = None, checkpointing: bool = False) -> float:
         """Bytes one sample's pass through the tower keeps for the backward."""
         outside = 3 * self.pixels * compute_bytes + 4 * self.tokens * self.width * RESIDUAL_BYTES
         if checkpointing:
             return outside + self.layers * self.tokens * self.width * RESIDUAL_BYTES
-        return outside + self.layers * self.block_values(compute_bytes, dora)
+        return outside + self.layers * self.block_values(compute_bytes, adapter)
 
 
 def towers(cfg: dict, context_length: int) -> tuple[Tower, Tower]:
@@ -159,13 +164,13 @@ def memory_model(reg: Registry, precision: str | None = None) -> list[FrameworkM
         if name == "frozen_g":
             fixed += 4 * text_parameters
         counts = passes(framework, top_k)
-        dora = framework == "dora"
+        adapter = framework if framework in ADAPTER_FRAMEWORKS else None
 
         def per_pair(checkpointing: bool) -> float:
-            total = (counts.images * image.pass_bytes(compute, dora, checkpointing)
-                     + counts.captions * text.pass_bytes(compute, dora, checkpointing)
-                     + counts.fp32_images * image.pass_bytes(4, dora, checkpointing)
-                     + counts.fp32_captions * text.pass_bytes(4, dora, checkpointing))
+            total = (counts.images * image.pass_bytes(compute, adapter, checkpointing)
+                     + counts.captions * text.pass_bytes(compute, adapter, checkpointing)
+                     + counts.fp32_images * image.pass_bytes(4, adapter, checkpointing)
+                     + counts.fp32_captions * text.pass_bytes(4, adapter, checkpointing))
             if kind["tokens"] or framework == "finelip":
                 total += recipe["micro_batch"] * image.tokens * text.tokens * 4
             return total
