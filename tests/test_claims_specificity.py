@@ -6,10 +6,17 @@ import math
 import numpy as np
 import pytest
 
+from hnclip.io import read_json, write_json
 from hnclip.report import specificity as S
 from hnclip.report.calibration import QueryPool, printed
 from hnclip.report.calibration import test_sizes as paper_test_sizes
-from hnclip.report.claims_definitions import NULL_SUPPORT_MAX, claim_definitions, rule_hash, rule_specificity
+from hnclip.report.claims_definitions import (
+    NULL_SUPPORT_MAX,
+    SPECIFICITY_FILE,
+    claim_definitions,
+    rule_hash,
+    rule_specificity,
+)
 from hnclip.report.claims_verdicts import is_borderline, with_specificity
 from hnclip.report.uncertainty import Bootstrap, BootstrapSettings
 
@@ -20,8 +27,11 @@ DOCCI_T2I = ("docci", "t2i", "R@1")
 
 @pytest.fixture(scope="module")
 def worlds():
-    """Both worlds for every claim, 200 reproductions each, on another simulation seed than the file's."""
-    return S.specificity(claim_definitions(), n_sims=SIMS, resamples=100, seed=1).set_index("claim_id")
+    """Both worlds for every claim, 200 reproductions each, on another simulation seed than the file's, at
+    the between-run correlation the file was measured with."""
+    correlation = read_json(SPECIFICITY_FILE)["settings"]["correlation"]
+    return S.specificity(claim_definitions(), n_sims=SIMS, resamples=100, seed=1,
+                         correlation=correlation).set_index("claim_id")
 
 
 def test_no_claim_reported_supported_passes_its_null_world_more_than_a_tenth(worlds):
@@ -123,3 +133,25 @@ def test_the_gate_reports_consistent_where_the_null_support_is_high_or_unmeasure
 ])
 def test_borderline_is_within_one_standard_error_of_the_threshold(decision, value, low, high, borderline):
     assert is_borderline(decision, value, low, high) is borderline
+
+
+def test_the_between_run_correlation_is_measured_from_per_query_ranks(tmp_path):
+    rng = np.random.default_rng(0)
+    shared = rng.standard_normal(400)
+    ranks = {run: np.argsort(np.argsort(-(shared + noise * rng.standard_normal(400)))) + 1
+             for run, noise in (("a", 1.0), ("b", 1.0), ("c", 1.0))}
+    for run, r in ranks.items():
+        record = {"best": {"metrics": {"ranks": {"t2i": r.tolist()}}}, "provenance": {"git": {"commit": "abc"}}}
+        write_json(tmp_path / run / "docci.json", record)
+    measured = S.rank_correlation(tmp_path)
+    assert measured["pairs"] == 3 and measured["records_of_commits"] == ["abc"]
+    assert measured["correlation"] == pytest.approx(0.5, abs=0.1)  # shared and own noise of equal variance
+    assert measured["by_test_set"]["docci/t2i"]["runs"] == 3
+    with pytest.raises(ValueError, match="no evaluation records"):
+        S.rank_correlation(tmp_path / "empty")
+
+
+def test_the_file_records_the_correlation_it_was_measured_with():
+    settings = read_json(SPECIFICITY_FILE)["settings"]
+    assert settings["correlation_measured"]["correlation"] == settings["correlation"]
+    assert 0.0 < settings["correlation"] < 1.0 and settings["sims"] >= 200

@@ -27,7 +27,8 @@ rule edited since is reported as not measured until the file is rewritten.
 Unlike the calibration, which draws rows independently (the least favourable case for an exact
 reproduction), outcomes here are correlated between runs (`WorldCells`, `correlation`): real runs share
 easy and hard queries, which narrows a paired interval and makes a tie tolerance easier to pass when the
-effect is absent.
+effect is absent. The correlation is measured from a built profile's evaluation records
+(`--correlation-from results/evals`, `rank_correlation`) and recorded with the file's settings.
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ from statistics import NormalDist
 import numpy as np
 import pandas as pd
 
-from hnclip.io import write_json
+from hnclip.io import read_json, write_json
 from hnclip.report.calibration import (
     BatchedCells,
     QueryPool,
@@ -251,16 +252,50 @@ def rule_specificity(claims: list[dict], sims: int, resamples: int, seed: int,
     return out
 
 
+def rank_correlation(evals: Path) -> dict:
+    """The correlation between runs' per-query outcomes on one test set, from evaluation records (and the
+    commits that wrote them)
+    (results/evals/<run>/<benchmark>.json, their best epoch's per-query ranks): for every pair of runs on
+    a test set and direction, the Spearman correlation of their ranks, as the Gaussian copula's ρ
+    (2 sin(π ρ_s / 6)); the median over all pairs, and per test set and direction."""
+    by_test_set: dict[str, dict[str, np.ndarray]] = {}
+    commits: set[str] = set()
+    for record_path in sorted(evals.glob("*/*.json")):
+        record = read_json(record_path)
+        commits.add(str(record.get("provenance", {}).get("git", {}).get("commit")))
+        for direction, ranks in (record.get("best", {}).get("metrics", {}).get("ranks") or {}).items():
+            key = f"{record_path.stem}/{direction}"
+            by_test_set.setdefault(key, {})[record_path.parent.name] = pd.Series(ranks).rank().to_numpy()
+    per_set, every = {}, []
+    for key, runs in sorted(by_test_set.items()):
+        names = sorted(runs)
+        values = [2 * math.sin(math.pi * float(np.corrcoef(runs[a], runs[b])[0, 1]) / 6)
+                  for i, a in enumerate(names) for b in names[i + 1:] if len(runs[a]) == len(runs[b])]
+        if values:
+            per_set[key] = {"runs": len(names), "median": round(float(np.median(values)), 3)}
+            every += values
+    if not every:
+        raise ValueError(f"{evals}: no evaluation records with per-query ranks of two runs on one test set")
+    return {"correlation": round(float(np.median(every)), 3), "pairs": len(every), "by_test_set": per_set,
+            "records_of_commits": sorted(commits)}
+
+
 def main(argv: list[str] | None = None) -> int:
     """python -m hnclip.report.specificity: measure every rule and write claims_specificity.json."""
     import argparse
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--out", type=Path, default=SPECIFICITY_FILE)
+    parser.add_argument("--correlation-from", type=Path, default=None, metavar="EVALS",
+                        help="measure the between-run correlation from these evaluation records (results/evals "
+                             f"of a built profile) instead of taking {CORRELATION}")
     args = parser.parse_args(argv)
+    measured_rho = rank_correlation(args.correlation_from) if args.correlation_from else None
+    rho = measured_rho["correlation"] if measured_rho else CORRELATION
     claims = claim_definitions()
-    measured = rule_specificity(claims, SETTINGS["sims"], SETTINGS["resamples"], SETTINGS["seed"])
-    write_json(args.out, {"settings": {**SETTINGS, "test_sizes": test_sizes()}, "claims": measured})
-    print(f"wrote {args.out}: {len(measured)} rules")
+    measured = rule_specificity(claims, SETTINGS["sims"], SETTINGS["resamples"], SETTINGS["seed"], rho)
+    settings = {**SETTINGS, "correlation": rho, "correlation_measured": measured_rho, "test_sizes": test_sizes()}
+    write_json(args.out, {"settings": settings, "claims": measured})
+    print(f"wrote {args.out}: {len(measured)} rules, between-run correlation {rho}")
     return 0
 
 
