@@ -52,7 +52,7 @@ class VariantSpec:
     splits: tuple[str, ...]
     family_size: int                 # 1 = independent scenes
     n_objects: tuple[int, int]       # inclusive range
-    style: str                       # caption style: terse, flowing, regions, paragraph
+    style: str | tuple               # caption style (terse, flowing, ...), or a mixture: ((style, share), ...)
     word_range: tuple[int, int]      # target caption length in words (inclusive)
     backgrounds: tuple[str, ...]
     color_weights: tuple[float, ...] | None = None  # in COLORS order; None = uniform
@@ -101,6 +101,29 @@ GENERATOR_OVERRIDES = ("style", "family_size", "edit_kinds", "held_out_colors")
 HOLD_OUTS = ("edit_kinds", "held_out_colors")
 
 
+def style_of(style) -> str | tuple[tuple[str, float], ...]:
+    """A `generator: style` as the spec holds it: a style's name, or a mixture {style: share} (shares > 0,
+    summing to 1) as ((style, share), ...) in CAPTION_STYLE_NAMES order, so that one mixture always names
+    the same dataset; a mixture of one style is that style."""
+    if isinstance(style, str):
+        if style not in CAPTION_STYLE_NAMES:
+            raise ValueError(f"unknown caption style {style!r}; allowed: {', '.join(CAPTION_STYLE_NAMES)}")
+        return style
+    if not isinstance(style, dict) or not style:
+        raise ValueError(f"a caption style is a name or a mixture {{style: share}}, got {style!r}")
+    unknown = sorted(set(style) - set(CAPTION_STYLE_NAMES))
+    if unknown:
+        raise ValueError(f"unknown caption style(s) {unknown} in the mixture; "
+                         f"allowed: {', '.join(CAPTION_STYLE_NAMES)}")
+    shares = dict(style)
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in shares.values()):
+        raise ValueError(f"each share of a caption-style mixture must be a positive number, got {style!r}")
+    if abs(sum(shares.values()) - 1.0) > 1e-6:
+        raise ValueError(f"the shares of a caption-style mixture must sum to 1, got {sum(shares.values()):g}")
+    mixture = tuple((name, float(shares[name])) for name in CAPTION_STYLE_NAMES if name in shares)
+    return mixture[0][0] if len(mixture) == 1 else mixture
+
+
 def _in_order(values, allowed, what: str) -> tuple[str, ...]:
     """`values` as a tuple in the vocabulary's order (the same set always draws the same scenes)."""
     if isinstance(values, str) or not all(isinstance(v, str) for v in values):
@@ -137,8 +160,8 @@ def variant_spec(variant: str, generator: dict | None = None) -> VariantSpec:
     unknown = sorted(set(generator) - set(GENERATOR_OVERRIDES))
     if unknown:
         raise ValueError(f"unknown generator setting(s) {unknown}; allowed: {', '.join(GENERATOR_OVERRIDES)}")
-    if "style" in generator and generator["style"] not in CAPTION_STYLE_NAMES:
-        raise ValueError(f"unknown caption style {generator['style']!r}; allowed: {', '.join(CAPTION_STYLE_NAMES)}")
+    if "style" in generator:
+        generator["style"] = style_of(generator["style"])
     family_size = generator.get("family_size", 1)
     if not isinstance(family_size, int) or not 1 <= family_size <= len(EDIT_KINDS) + 1:
         raise ValueError(f"family_size must be an integer from 1 to {len(EDIT_KINDS) + 1} (a base scene and "

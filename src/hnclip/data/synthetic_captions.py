@@ -213,11 +213,23 @@ if tuple(CAPTION_STYLES) != CAPTION_STYLE_NAMES:  # params.yaml is validated aga
     raise ImportError(f"caption styles {tuple(CAPTION_STYLES)} differ from the spec's {CAPTION_STYLE_NAMES}")
 
 
+def family_style(style, caption_seed: np.random.SeedSequence) -> str:
+    """The style a family's captions are written in: the spec's, or one drawn from its mixture by the family's
+    caption seed (every sibling of a family in the same grammar). A single style draws nothing, so its
+    datasets are byte-identical to those written before mixtures existed."""
+    if isinstance(style, str):
+        return style
+    names, shares = zip(*style)
+    # generate_state does not advance the seed sequence, so the captions' own stream is unchanged
+    draw = np.random.default_rng(caption_seed.generate_state(2)).random()
+    return names[min(int(np.searchsorted(np.cumsum(shares), draw, side="right")), len(names) - 1)]
+
+
 def scene_captions(scene: Scene, spec: VariantSpec, caption_seed: np.random.SeedSequence,
                    long_form: bool) -> tuple[str, str | None]:
     """(caption, short caption) of one scene; a fresh RNG from the family's caption seed each time."""
     rng = np.random.default_rng(caption_seed)
-    caption = CAPTION_STYLES[spec.style](scene, spec, rng)
+    caption = CAPTION_STYLES[family_style(spec.style, caption_seed)](scene, spec, rng)
     short = _short_caption(scene, rng) if spec.short_captions else None
     if long_form:
         caption = f"{short}\n{caption} {_fine_details(scene)}"
