@@ -95,7 +95,7 @@ def test_a_trajectory_is_flat_in_its_null_world():
 def test_correlated_cells_are_unbiased_and_correlated_between_runs():
     rng = np.random.default_rng(0)
     pool = QueryPool(Bootstrap(BootstrapSettings(resamples=20, seed=0)), rng, paper_test_sizes())
-    cells = S.WorldCells(pool, rng, 400, S.World(), 0.5, {})
+    cells = S.WorldCells(pool, rng, 400, S.World(), 0.5)
     a = cells.cell("table1", "hn_clip", DOCCI_T2I, None).reshape(400, -1)
     b = cells.cell("table1", "goal", DOCCI_T2I, None).reshape(400, -1)
     assert a[:, 0].mean() == pytest.approx(printed("table1", "hn_clip", DOCCI_T2I), abs=0.1)

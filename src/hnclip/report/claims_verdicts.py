@@ -103,14 +103,15 @@ def with_specificity(row: dict, claim: dict, measured: dict[str, dict]) -> dict:
     out = {**row, "size": entry["size"], "null_support": null,
            "reversed_support": math.nan if entry["reversed_support"] is None else entry["reversed_support"],
            "specificity_note": entry["specificity_note"]}
-    if not (null <= NULL_SUPPORT_MAX):  # NaN: not measured
-        why = (f"the rule also says supported in {null:.0%} of simulated reproductions without the effect"
-               if not math.isnan(null) else f"its specificity is not measured: {entry['specificity_note']}")
-        for key, reason_key in (("verdict", "reason"), ("paper_verdict", None)):
-            if out.get(key) == "supported":
-                out[key] = "consistent"
-                if reason_key:
-                    out[reason_key] = "; ".join(r for r in (out[reason_key], f"consistent, not supported: {why}") if r)
+    if null <= NULL_SUPPORT_MAX:  # False for NaN: not measured
+        return out
+    why = (f"the rule also says supported in {null:.0%} of simulated reproductions without the effect"
+           if not math.isnan(null) else f"its specificity is not measured: {entry['specificity_note']}")
+    if out.get("paper_verdict") == "supported":
+        out["paper_verdict"] = "consistent"
+    if out["verdict"] == "supported":
+        out["verdict"] = "consistent"
+        out["reason"] = "; ".join(r for r in (out["reason"], f"consistent, not supported: {why}") if r)
     return out
 
 

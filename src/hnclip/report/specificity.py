@@ -159,13 +159,11 @@ class WorldCells(BatchedCells):
     same at every epoch, so a run's epochs are nested). The bootstrap resamples the queries as the
     scorecard does, the same resamples for every cell of a test set."""
 
-    def __init__(self, pool: QueryPool, rng: np.random.Generator, sims: int, world: World, correlation: float,
-                 counts: dict[str, np.ndarray]):
+    def __init__(self, pool: QueryPool, rng: np.random.Generator, sims: int, world: World, correlation: float):
         super().__init__(pool, rng, sims)
         self.world, self.correlation = world, correlation
         self._shared: dict[tuple[str, str], np.ndarray] = {}
         self._own: dict[tuple[str, str, str, str], np.ndarray] = {}
-        self._counts = counts  # shared by every claim's cells: the bootstrap's resamples do not change
         self._cells: dict[tuple, np.ndarray] = {}
 
     def truth(self, table: str, row: str, part: tuple[str, str, str], selection) -> float:
@@ -181,17 +179,6 @@ class WorldCells(BatchedCells):
             rho = self.correlation
             self._own[key] = math.sqrt(rho) * self._shared[benchmark, direction] + math.sqrt(1 - rho) * own
         return self._own[key]
-
-    def _resample_counts(self, benchmark: str) -> np.ndarray:
-        """[n, resamples]: how often each query is drawn in each bootstrap resample."""
-        if benchmark not in self._counts:
-            n = self.pool.sizes[benchmark]
-            index = self.boot.resample(benchmark, n)
-            resamples = index.shape[0]
-            flat = (index + n * np.arange(resamples)[:, None]).ravel()
-            counts = np.bincount(flat, minlength=resamples * n).reshape(resamples, n)
-            self._counts[benchmark] = np.ascontiguousarray(counts.T, dtype=np.float32)
-        return self._counts[benchmark]
 
     def cell(self, table: str, row: str, part: tuple[str, str, str], selection) -> np.ndarray:
         key = (table, row, part, selection)
@@ -210,7 +197,7 @@ class WorldCells(BatchedCells):
         n = hits.shape[1]
         draws = np.empty((self.sims, self.boot.settings.resamples + 1))
         draws[:, 0] = hits.sum(axis=1)
-        draws[:, 1:] = hits @ self._resample_counts(benchmark)
+        draws[:, 1:] = hits @ self.boot.counts(benchmark, n).T  # the scorecard's own query resamples
         return (draws * (100.0 / n)).ravel()
 
 
@@ -219,7 +206,7 @@ def specificity(claims: list[dict], n_sims: int = 200, resamples: int = 100, see
     """Per claim: `null_support`, `reversed_support` (NaN where not simulated) and `specificity_note`."""
     rng = np.random.default_rng(seed)
     pool = QueryPool(Bootstrap(BootstrapSettings(resamples=resamples, seed=seed)), rng, sizes or test_sizes())
-    rows, counts = [], {}
+    rows = []
     for claim in claims:
         row = {"claim_id": claim["claim_id"], "specificity_note": ""}
         decision = claim.get("real_data_decision", claim["decision"])
@@ -228,17 +215,17 @@ def specificity(claims: list[dict], n_sims: int = 200, resamples: int = 100, see
             if isinstance(world, str):
                 row[f"{kind}_support"], row["specificity_note"] = math.nan, world
                 continue
-            verdicts = batch_verdicts(claim, WorldCells(pool, rng, n_sims, world, correlation, counts), decision)
+            verdicts = batch_verdicts(claim, WorldCells(pool, rng, n_sims, world, correlation), decision)
             row[f"{kind}_support"] = sum(v == "supported" for v in verdicts) / n_sims
         rows.append(row)
     return pd.DataFrame(rows)
 
 
 # ---- the rules' specificity, kept beside claims.yaml ------------------------------------------------
-SETTINGS = {"sims": 200, "resamples": 100, "seed": 0, "correlation": CORRELATION, "shift": SHIFT}
+SETTINGS = {"sims": 200, "resamples": 100, "seed": 0, "shift": SHIFT}
 
 
-def rule_specificity(claims: list[dict], sims: int, resamples: int, seed: int,
+def measure_rules(claims: list[dict], sims: int, resamples: int, seed: int,
                      correlation: float = CORRELATION) -> dict[str, dict]:
     """Per claim at the paper's test sizes: `size` (supported in an exact reproduction, independent rows:
     hnclip.report.calibration), `null_support`, `reversed_support` and the note, with the rule's hash."""
@@ -292,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     measured_rho = rank_correlation(args.correlation_from) if args.correlation_from else None
     rho = measured_rho["correlation"] if measured_rho else CORRELATION
     claims = claim_definitions()
-    measured = rule_specificity(claims, SETTINGS["sims"], SETTINGS["resamples"], SETTINGS["seed"], rho)
+    measured = measure_rules(claims, SETTINGS["sims"], SETTINGS["resamples"], SETTINGS["seed"], rho)
     settings = {**SETTINGS, "correlation": rho, "correlation_measured": measured_rho, "test_sizes": test_sizes()}
     write_json(args.out, {"settings": settings, "claims": measured})
     print(f"wrote {args.out}: {len(measured)} rules, between-run correlation {rho}")

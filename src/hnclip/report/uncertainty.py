@@ -92,7 +92,7 @@ class Bootstrap:
             self._seeds[seeds] = rng.integers(0, len(seeds), size=(self.settings.resamples, len(seeds)))
         return self._seeds[seeds]
 
-    def _counts(self, unit: str, n: int) -> np.ndarray:
+    def counts(self, unit: str, n: int) -> np.ndarray:
         """[resamples, n] how often each item is drawn (float32 holds these integers exactly)."""
         if (unit, n) not in self._weights:
             index = self.resample(unit, n)
@@ -104,7 +104,7 @@ class Bootstrap:
         """[resamples] bootstrap values (percent) of one cell: queries resampled, and seeds too when
         there are several (a seed's value is its recall on the resampled queries)."""
         n_seeds, n = cell.hits.shape
-        hits_drawn = self._counts(cell.test_set, n) @ cell.hits.T.astype(np.float32)  # exact: integers < 2**24
+        hits_drawn = self.counts(cell.test_set, n) @ cell.hits.T.astype(np.float32)  # exact: integers < 2**24
         per_seed = hits_drawn.astype(np.float64) * (100 / n)
         if n_seeds == 1:
             return per_seed[:, 0]
