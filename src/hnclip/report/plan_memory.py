@@ -33,7 +33,7 @@ the backward, one block's activations recomputed.
 
 A step fits a card when the modelled peak is at most `USABLE_FRACTION` of it (the CUDA context, cuBLAS
 workspaces and the caching allocator's fragmentation take the rest). The ladder of plans a run tries
-is the trainer's out-of-memory fallback (`hnclip.training.memory`): compute batch 128, 64, 32, 16, then
+is the trainer's out-of-memory fallback (`hnclip.training.memory_plan`): compute batch 128, 64, 32, 16, then
 16 with activation checkpointing.
 """
 from __future__ import annotations
@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from hnclip.config.constants import ADAPTER_FRAMEWORKS, CONTEXT_LENGTH, TRAINED_FRAMEWORKS
 from hnclip.config.registry import Registry
 from hnclip.report.plan_model_size import adapter_parameters, clip_parameters, model_config, text_tower_parameters
+from hnclip.training.memory_plan import MemoryPlan
 
 GB = 1e9
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -123,12 +124,13 @@ class FrameworkMemory:
         return (self.fixed_bytes + per_pair * pairs + recomputed) / GB
 
     def ladder(self) -> list[tuple[int, bool]]:
-        """The plans the trainer tries, in order: halved compute batches, then checkpointing."""
-        plans, pairs = [], self.compute_batch
-        while pairs > self.micro_batch:
-            plans.append((pairs, False))
-            pairs = max(self.micro_batch, pairs // 2 // self.micro_batch * self.micro_batch)
-        return [*plans, (self.micro_batch, False), (self.micro_batch, True)]
+        """The plans the trainer tries, in order (its own MemoryPlan): halved compute batches, then
+        checkpointing."""
+        plan = MemoryPlan(self.compute_batch, self.micro_batch)
+        plans = [(plan.compute_batch, plan.activation_checkpointing)]
+        while plan.shrink(None, lambda message: None):
+            plans.append((plan.compute_batch, plan.activation_checkpointing))
+        return plans
 
     def first_fit(self, card_gb: float) -> tuple[int, bool] | None:
         """The first plan of the ladder that fits a card, or None."""
@@ -179,7 +181,7 @@ def memory_model(reg: Registry, precision: str | None = None) -> list[FrameworkM
         start = reg.profile["recipe"].get("compute_batch", recipe["micro_batch"]) if grouped else recipe["micro_batch"]
         entries.append(FrameworkMemory(name, framework, kind["runs"], run_precision, fixed, per_pair(False),
                                        per_pair(True), recipe["micro_batch"], start, image.layers + text.layers))
-    return sorted(entries, key=lambda entry: (list(kinds).index(entry.name)))
+    return entries
 
 
 def plan_label(plan: tuple[int, bool] | None) -> str:
