@@ -46,6 +46,13 @@ Knobs (settings keys; all optional, absent = the profile's value):
                   colour: {"pretrain": {"edit_kinds": ["size", "shape", "texture", "position"]}}).
   docci_sizes     the DOCCI-like dataset's sizes (train / test)
   ft_lr           the fine-tuning recipe's learning rate
+  grad_accum      the fine-tuning recipe's accumulation (micro-batches per optimizer step): 1 takes an optimizer
+                  step per micro-batch at the same compute (the same micro-batches, 8x the steps)
+  method          the fine-tuning method (params.yaml `methods`; default longclip_ft, plain InfoNCE): e.g.
+                  hn_clip, whose epoch-1 share of micro-batches with L_HN >= 1e-3 the record then carries
+  oracle          true: every micro-batch holds both siblings of each family it draws (families shuffled per
+                  epoch, the siblings side by side), the most a near-duplicate-aware objective could be given.
+                  THIS SCRIPT implements it by replacing the training loop's micro-batches (training.batching).
   threads         torch threads of every job (default 2)
 
 Pretrained backbones and generated data are cached in the scratch directory by the digest of what
@@ -83,6 +90,27 @@ TRIALS: dict[str, dict] = {
     "simple_w128": {"model": {"width": 128}, "variants": SIMPLE},
     "simple_w128_fixed100": {"model": {"width": 128}, "pretrain_scale": 100.0, "variants": SIMPLE},
 }
+
+
+def style_shift_grid() -> list[tuple[str, dict]]:
+    """The stated grid of the caption-style shift (`--grid style_shift`), most promising first so that a
+    partial sweep holds the informative trials: the benchmark grammar's share in the pretraining corpus
+    (10, 25, 5, 0 %; the rest today's simple grammar), the benchmark's grammar (flowing, terse), the
+    fine-tuning lr (1e-5, 1e-4) and accumulation (8: the recipe; 1: an optimizer step per micro-batch at the
+    same compute). 0 % pretrains today's backbone once for both grammars."""
+    trials = []
+    for grammar in ("flowing", "terse"):
+        for share in (0.10, 0.25, 0.05, 0.0):
+            pretrain = {"style": "simple" if share == 0 else {"simple": round(1 - share, 2), grammar: share}}
+            for lr in (1e-5, 1e-4):
+                for accumulation in (8, 1):
+                    name = f"shift_{grammar}_pre{round(100 * share)}_lr{lr:g}_acc{accumulation}"
+                    trials.append((name, {"variants": {"docci": {"style": grammar}, "pretrain": pretrain},
+                                          "ft_lr": lr, "grad_accum": accumulation}))
+    return trials
+
+
+GRIDS = {"style_shift": style_shift_grid}
 
 
 # ---- settings -> params ------------------------------------------------------------------------------
@@ -131,6 +159,8 @@ def build_params(settings: dict, config_name: str, data_root: Path) -> dict:
     profile["execution"] = {**profile["execution"], "threads": int(settings.get("threads", 2))}
     if "ft_lr" in settings:
         profile["recipe"] = {**profile["recipe"], "lr": float(settings["ft_lr"])}
+    if "grad_accum" in settings:
+        profile["recipe"] = {**profile["recipe"], "grad_accum": int(settings["grad_accum"])}
     if "docci_sizes" in settings:
         profile["datasets"]["docci"] = {**profile["datasets"]["docci"], "sizes": dict(settings["docci_sizes"])}
     backbone = params["backbones"][BACKBONE]
@@ -228,16 +258,49 @@ class _StopAfterEpoch(Exception):
         self.state = state
 
 
-def _fresh_plain_finetune_job(reg):
-    """(run id, job) of plain fine-tuning on docci with the profile's recipe, unprobed, its old outputs gone."""
+def _fresh_plain_finetune_job(reg, method: str = "longclip_ft"):
+    """(run id, job) of `method` (default plain fine-tuning) on docci with the profile's recipe, unprobed, its
+    old outputs gone."""
     from hnclip.training.jobs import finetune_job
-    run_id = reg.run_spec("docci", reg.params["methods"]["longclip_ft"], reg.profile["seeds"][0], 1.0).run_id
+    run_id = reg.run_spec("docci", reg.params["methods"][method], reg.profile["seeds"][0], 1.0).run_id
     job = finetune_job(reg, run_id)
     job.execution = {**job.execution, "grad_probe_every": 0, "keep_epoch_weights": False}
     job.eval_cache_dir = None
     shutil.rmtree(job.checkpoint_dir, ignore_errors=True)
     shutil.rmtree(job.out_dir, ignore_errors=True)
     return run_id, job
+
+
+@contextlib.contextmanager
+def sibling_batches(reg, enabled: bool):
+    """While fine-tuning with `enabled`: the loop's (and its loader's) micro-batches put both siblings of every
+    family side by side (families shuffled per (seed, epoch)), so each 16-pair micro-batch holds 8 families."""
+    if not enabled:
+        yield
+        return
+    import torch
+
+    from hnclip.data.manifest import read_manifest
+    from hnclip.data.synthetic import family_of
+    from hnclip.training import feeding, loop
+    rows = read_manifest(reg.train_manifest("docci"), check_images=False)
+    families: dict[str, list[int]] = {}
+    for index, row in enumerate(rows):
+        families.setdefault(family_of(row.id), []).append(index)
+
+    def oracle(indices, micro_batch, seed, epoch):
+        wanted = set(indices)
+        groups = [[i for i in members if i in wanted] for members in families.values()]
+        groups = [g for g in groups if g]
+        generator = torch.Generator().manual_seed(seed * 1000 + epoch)
+        order = [i for k in torch.randperm(len(groups), generator=generator).tolist() for i in groups[k]]
+        return [order[i:i + micro_batch] for i in range(0, len(order) - micro_batch + 1, micro_batch)]
+    originals = loop.epoch_micro_batches, feeding.epoch_micro_batches
+    loop.epoch_micro_batches = feeding.epoch_micro_batches = oracle
+    try:
+        yield
+    finally:
+        loop.epoch_micro_batches, feeding.epoch_micro_batches = originals
 
 
 def finetune_epoch1(reg) -> dict:
@@ -271,18 +334,19 @@ def finetune_epoch1(reg) -> dict:
             "epoch1_infonce_last": infonce[-1], "logit_scale_after": steps[-1]["logit_scale"]}
 
 
-def finetune_full(reg) -> dict:
-    """Plain fine-tuning (`longclip_ft` on docci, the profile's recipe) for all its epochs: epoch-1 saturation,
-    R@1 after every epoch, headroom (best mean R@1 minus zero-shot) and R@1 by edit kind."""
+def finetune_full(reg, method: str = "longclip_ft", oracle: bool = False) -> dict:
+    """Fine-tuning (`method` on docci, default plain InfoNCE, the profile's recipe) for all its epochs: saturation
+    by epoch, R@1 after every epoch, headroom (best mean R@1 minus zero-shot) and R@1 by edit kind."""
     from hnclip.evaluation.selection import mean_r1, select_epochs
     from hnclip.io import read_jsonl
     from hnclip.report.edit_kinds import benchmark_row_kinds, r1_by_kind
     from hnclip.report.regime import epoch_share
     from hnclip.training import loop
-    run_id, job = _fresh_plain_finetune_job(reg)
+    run_id, job = _fresh_plain_finetune_job(reg, method)
     started = time.time()
     try:
-        record = loop.train(job)
+        with sibling_batches(reg, oracle):
+            record = loop.train(job)
     finally:
         shutil.rmtree(job.checkpoint_dir, ignore_errors=True)
     wall = time.time() - started
@@ -294,9 +358,13 @@ def finetune_full(reg) -> dict:
     by_kind = None if kinds is None else {
         "zeroshot": r1_by_kind(zeroshot["ranks"], kinds), "best_epoch": r1_by_kind(best["metrics"]["ranks"], kinds)}
     micro_batches = sum(h["train"]["micro_batches"] for h in record["history"])
-    return {"run_id": run_id, "lr": job.spec["recipe"]["lr"], "wall_s": wall, "epochs": len(record["history"]),
+    epochs = range(1, len(record["history"]) + 1)
+    return {"run_id": run_id, "method": method, "oracle": oracle, "lr": job.spec["recipe"]["lr"],
+            "grad_accum": job.spec["recipe"]["grad_accum"], "wall_s": wall, "epochs": len(record["history"]),
             "zeroshot_r1": {d: zeroshot[d]["R@1"] for d in ("t2i", "i2t")}, "zeroshot_n": zeroshot["n"],
             "epoch1_saturated_frac": epoch_share(steps, 1, "saturated_frac"),
+            "saturated_frac_by_epoch": [epoch_share(steps, e, "saturated_frac") for e in epochs],
+            "epoch1_hn_unsaturated_frac": epoch_share(steps, 1, "hn_unsaturated_frac"),
             "per_epoch_r1": [{"epoch": e["epoch"], **{d: e["metrics"][d]["R@1"] for d in ("t2i", "i2t")}}
                              for e in chosen["per_epoch"]],
             "best_epoch": best["epoch"], "best_r1": {d: best["metrics"][d]["R@1"] for d in ("t2i", "i2t")},
@@ -349,7 +417,8 @@ def run_trial(name: str, settings: dict, scratch: Path, out: Path, headroom: boo
     try:
         pre = pretrain(reg, settings.get("pretrain_scale"))
         geo = geometry(reg)
-        ft = finetune_full(reg) if headroom else finetune_epoch1(reg)
+        ft = (finetune_full(reg, settings.get("method", "longclip_ft"), bool(settings.get("oracle")))
+              if headroom else finetune_epoch1(reg))
         siblings = sibling_share(reg)
     finally:
         os.chdir(cwd)
@@ -408,6 +477,13 @@ def width(config_name: str) -> int:
     return int(open_clip.get_model_config(config_name)["text_cfg"]["width"])
 
 
+def style_label(style) -> str:
+    """A caption style or mixture as the table shows it: "flowing", "simple 90 % + flowing 10 %"."""
+    if isinstance(style, str):
+        return style
+    return " + ".join(f"{name} {100 * share:g} %" for name, share in style)
+
+
 def describe(record: dict) -> str:
     """A short label of a trial's settings (what the README table lists)."""
     s = record["settings"]
@@ -423,7 +499,7 @@ def describe(record: dict) -> str:
     else:  # records of the trials before the generator had overrides: the defaults of that commit
         docci, pretrain = s.get("variants", {}).get("docci", {}), s.get("variants", {}).get("pretrain", {})
         model_width, n_train = s.get("model", {}).get("width", 64), s.get("docci_sizes", {}).get("train", 512)
-    parts.append(f"captions {docci.get('style', 'flowing')}/{pretrain.get('style', 'terse')}")
+    parts.append(f"captions {style_label(docci.get('style', 'flowing'))}/{style_label(pretrain.get('style', 'terse'))}")
     held = s.get("variants", {}).get("pretrain", {})
     if s.get("variants", {}).get("docci", {}).get("edit_kinds"):
         parts.append(f"DOCCI-like pairs differ in {'/'.join(s['variants']['docci']['edit_kinds'])} only")
@@ -442,20 +518,45 @@ def describe(record: dict) -> str:
     parts.append(f"{record['pretrain']['optimizer_steps']} pretraining steps")
     fam = docci.get("family_size", 4)
     parts.append(f"families of {fam} in {n_train}")
-    parts.append(f"FT lr {record['finetune']['lr']:g}")
+    finetune = record["finetune"]
+    parts.append(f"FT lr {finetune['lr']:g}")
+    if finetune.get("grad_accum") is not None:
+        parts.append(f"accumulation {finetune['grad_accum']}")
+    if finetune.get("method", "longclip_ft") != "longclip_ft":
+        parts.append(finetune["method"])
+    if finetune.get("oracle"):
+        parts.append("oracle (siblings batched together)")
     return ", ".join(parts)
+
+
+def _percent_list(values) -> str:
+    return "/".join("–" if v is None else f"{100 * v:.0f}" for v in values) + " %"
+
+
+def _edit_kind_cell(record: dict) -> str:
+    """R@1 T→I by edit kind at the best epoch (zero-shot in brackets)."""
+    by_kind = record["finetune"].get("r1_by_edit_kind")
+    if not by_kind:
+        return "not measured"
+    from hnclip.report.edit_kinds import KIND_LABELS
+    return ", ".join(f"{KIND_LABELS.get(kind, kind)} {best['t2i']:.0f} ({by_kind['zeroshot'][kind]['t2i']:.0f})"
+                     for kind, best in by_kind["best_epoch"].items() if kind != "all")
 
 
 def markdown_table(records: list[dict]) -> str:
     lines = ["| setting | pretraining time | zero-shot R@1 T→I/I→T | pairwise / hardest cosine | "
-             "epoch-1 saturation | sibling share | headroom |", "|---|---|---|---|---|---|---|"]
+             "epoch-1 saturation | saturation by epoch | sibling share | headroom | L_HN active, epoch 1 | "
+             "R@1 T→I by edit kind, best epoch (zero-shot) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in records:
-        z, g = r["zeroshot_r1"], r["caption_geometry"]
+        z, g, f = r["zeroshot_r1"], r["caption_geometry"], r["finetune"]
         time_s = f"{r['wall_s']['pretrain']:.0f} s" + (" (reused)" if r["pretrain"]["reused"] else "")
+        by_epoch = _percent_list(f["saturated_frac_by_epoch"]) if "saturated_frac_by_epoch" in f else "not measured"
+        alive = f.get("epoch1_hn_unsaturated_frac")
         lines.append(f"| {describe(r)} | {time_s} | {z['t2i']:.1f}/{z['i2t']:.1f} | "
                      f"{g['mean_pairwise_cosine']:.2f} / {g['mean_hardest_negative_cosine']:.3f} | "
-                     f"{100 * r['finetune']['epoch1_saturated_frac']:.0f} % | {100 * r['sibling_share']:.0f} % | "
-                     f"{'not measured' if r.get('headroom') is None else format(r['headroom'], '+.1f')} |")
+                     f"{100 * f['epoch1_saturated_frac']:.0f} % | {by_epoch} | {100 * r['sibling_share']:.0f} % | "
+                     f"{'not measured' if r.get('headroom') is None else format(r['headroom'], '+.1f')} | "
+                     f"{'–' if alive is None else format(100 * alive, '.0f') + ' %'} | {_edit_kind_cell(r)} |")
     return "\n".join(lines)
 
 
@@ -463,6 +564,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trial", choices=sorted(TRIALS), help="a preset trial")
     parser.add_argument("--settings", help="a JSON settings dict (with an optional 'name')")
+    parser.add_argument("--grid", choices=sorted(GRIDS),
+                        help="run a stated grid in order, skipping trials --out already records (resumable)")
     parser.add_argument("--scratch", type=Path, default=Path("/tmp/regime_sweep"))
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--list", action="store_true", help="print the preset trials and exit")
@@ -476,8 +579,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.table:
         print(markdown_table([json.loads(line) for line in args.out.read_text().splitlines() if line.strip()]))
         return 0
-    if bool(args.trial) == bool(args.settings):
-        parser.error("give exactly one of --trial and --settings")
+    if args.grid:
+        done = {json.loads(line)["trial"] for line in args.out.read_text().splitlines() if line.strip()} \
+            if args.out.is_file() else set()
+        for name, settings in GRIDS[args.grid]():
+            if name not in done:
+                print(summary(run_trial(name, settings, args.scratch, args.out, headroom=not args.epoch1_only)),
+                      file=sys.stderr, flush=True)
+        return 0
+    if sum(map(bool, (args.trial, args.settings))) != 1:
+        parser.error("give exactly one of --trial, --settings and --grid")
     if args.trial:
         name, settings = args.trial, copy.deepcopy(TRIALS[args.trial])
     else:
