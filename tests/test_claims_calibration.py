@@ -1,16 +1,18 @@
 """The claims' decision rules against simulated exact reproductions of the paper
-(hnclip.report.calibration): every claim the paper's own numbers support, or state without a printed
-figure, is supported in at least 90 % of 200 simulated reproductions at the paper's test-set sizes;
-the claims its numbers contradict are not. The simulation itself is checked (binomial cells, nested
-Recall@K and epochs, an order of queries per row so paired wins and losses swap across bootstrap
-replicates), and the check fails the rules it was built to replace (a band narrower than the query
-noise, "all of N" counts without a tie tolerance, probe shares at ~15 probes an epoch)."""
+(hnclip.report.calibration): each rule's `size` (the share of 200 simulated reproductions at the paper's
+test-set sizes it calls supported) is what claims_specificity.json records, on another simulation seed
+than the file's; a rule below 90 % reports "consistent" at best (the gate, tests/test_claims_specificity.py);
+the claims the paper's numbers contradict are not supported. The simulation itself is checked (binomial
+cells, nested Recall@K and epochs, an order of queries per row so paired wins and losses swap across
+bootstrap replicates, the between-seed term), and the check fails the rules it was built to replace (a
+band narrower than the query noise, "all of N" counts without a tie tolerance, probe shares at ~15 probes
+an epoch)."""
 import numpy as np
 import pytest
 import yaml
 
 from hnclip.report import calibration as K
-from hnclip.report.claims_definitions import claim_definitions
+from hnclip.report.claims_definitions import claim_definitions, rule_specificity
 
 SIMS = 200
 REQUIRED = 0.90
@@ -19,18 +21,25 @@ NOT_SIMULATED = {"adaptive_margin_drives_gain"}  # Table X1: a control the paper
 
 @pytest.fixture(scope="module")
 def rates():
-    return K.support_rates(claim_definitions(), n_sims=SIMS, resamples=100, seed=0).set_index("claim_id")
+    """On simulation seed 1: claims_specificity.json was measured on seed 0."""
+    return K.support_rates(claim_definitions(), n_sims=SIMS, resamples=100, seed=1).set_index("claim_id")
 
 
-def test_exact_reproductions_pass_every_claim_the_paper_supports(rates):
+def test_the_recorded_sizes_hold_on_another_simulation_seed(rates):
     assert set(rates.index[rates["not_testable"] == 1.0]) == NOT_SIMULATED
-    expected = [c["claim_id"] for c in claim_definitions()
-                if c.get("paper_self_consistent") is not False and c["claim_id"] not in NOT_SIMULATED]
-    assert len(expected) >= 60
-    supported = rates.loc[expected, "supported"]
-    assert (supported >= REQUIRED).all(), supported[supported < REQUIRED].to_dict()
-    # every claim the paper's numbers support by its printed tables or stated numbers is in that set
-    assert {cid for cid, v in rates["paper_verdict"].items() if v == "supported"} <= set(expected)
+    recorded = {cid: entry["size"] for cid, entry in rule_specificity().items()}
+    for claim in claim_definitions():
+        cid = claim["claim_id"]
+        if cid in NOT_SIMULATED:
+            continue
+        size = rates.loc[cid, "supported"]
+        # two shares of 200 draws: their difference has a standard error of at most 0.05
+        assert abs(size - recorded[cid]) <= 0.15, (cid, size, recorded[cid])
+        if min(abs(size - REQUIRED), abs(recorded[cid] - REQUIRED)) > 0.05:  # the gate's side, away from the edge
+            assert (size >= REQUIRED) == (recorded[cid] >= REQUIRED), (cid, size, recorded[cid])
+    # the rules an exact reproduction passes are most of those the paper's numbers support
+    passing = [cid for cid in rates.index if rates.loc[cid, "supported"] >= REQUIRED]
+    assert len(passing) >= 40, len(passing)
 
 
 def test_exact_reproductions_do_not_support_what_the_papers_numbers_contradict(rates):
@@ -125,3 +134,18 @@ def test_simulated_probes_follow_the_papers_stated_rates():
     assert np.mean([not r["clip_grad_exactly_zero"] for r in all_runs]) == pytest.approx(0.79, abs=0.03)
     cosines = [r["grad_cosine"] for r in all_runs if r["grad_cosine"] is not None]
     assert np.median(cosines) == pytest.approx(0.58, abs=0.03) and np.mean(np.array(cosines) > 0) > 0.96
+
+
+def test_the_seed_term_moves_each_run_and_widens_its_replicates():
+    """With a between-seed SD of 1 R@1 point, a simulated run's value spreads by the query noise and the
+    seed together, its replicates as widely (the scorecard's jitter), and two epochs of one run move
+    together (one seed per run)."""
+    rng = np.random.default_rng(4)
+    pool = K.QueryPool(K.Bootstrap(K.BootstrapSettings(resamples=200, seed=0)), rng, K.test_sizes())
+    cells = K.BatchedCells(pool, rng, sims=400, seed_sd=1.0)
+    best = cells.cell("table1", "hn_clip", ("urban1k", "i2t", "R@1"), "best").reshape(400, -1)
+    assert best[:, 0].mean() == pytest.approx(90.30, abs=0.25)
+    assert best[:, 0].std() == pytest.approx(np.hypot(0.94, 1.0), rel=0.15)
+    assert best[:, 1:].std(axis=1).mean() == pytest.approx(np.hypot(0.94, 1.0), rel=0.15)
+    first = cells.cell("table1", "hn_clip", ("urban1k", "i2t", "R@1"), 1).reshape(400, -1)
+    assert (best[:, 0] - first[:, 0]).std() < 0.9  # nested epochs of one run: no seed term between them

@@ -39,6 +39,7 @@ from hnclip.report.claims_sources import PAPER_GEOMETRY, paper_cells, paper_geom
 from hnclip.report.claims_statistics import statistic_draws
 from hnclip.report.claims_verdicts import VERDICTS, decide, judge_claim, paper_judgement
 from hnclip.report.effects import CellUnavailable, Column
+from hnclip.report.tie import TieModel, measured_correlation, paper_model, resolved
 from hnclip.report.uncertainty import Bootstrap, BootstrapSettings
 
 EPOCHS = 10
@@ -187,11 +188,29 @@ class BatchedCells:
     [estimate, replicates...] blocks one after another, so every statistic of cells (elementwise over
     the draws) runs once for all of them. The ReproducedSource interface, cells only."""
 
-    def __init__(self, pool: QueryPool, rng: np.random.Generator, sims: int):
-        self.pool, self.rng, self.sims, self.boot = pool, rng, sims, pool.boot
+    def __init__(self, pool: QueryPool, rng: np.random.Generator, sims: int, seed_sd: float = 0.0):
+        self.pool, self.rng, self.sims, self.boot, self.seed_sd = pool, rng, sims, pool.boot, seed_sd
         self.evidence: list[tuple[str, str]] = []
         self._latent: dict[tuple, tuple[Latent, np.ndarray]] = {}
         self._orders: dict[tuple, list[np.ndarray]] = {}
+        self._seed_terms: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+
+    def with_seed_term(self, draws: np.ndarray, table: str, row: str, benchmark: str, direction: str) -> np.ndarray:
+        """[sims * (1 + resamples)] draws with the between-seed term of a single-seed run: each reproduction's
+        run is moved by its seed's N(0, seed_sd²) (estimate and replicates alike: its truth), and its
+        replicates get the scorecard's own jitter of that size (ReproducedSource.cell). One term per run
+        (row, test set, direction): its epochs and Recall@K move together."""
+        if self.seed_sd <= 0:
+            return draws
+        key = (table, row, benchmark, direction)
+        if key not in self._seed_terms:
+            resamples = self.boot.settings.resamples
+            self._seed_terms[key] = (self.rng.normal(0, self.seed_sd, (self.sims, 1)),
+                                     self.rng.normal(0, self.seed_sd, (self.sims, resamples)))
+        offset, jitter = self._seed_terms[key]
+        blocks = draws.reshape(self.sims, -1) + offset
+        blocks[:, 1:] += jitter
+        return blocks.ravel()
 
     def has(self, table: str, row: str, part: tuple[str, str, str]) -> bool:
         return not math.isnan(printed(table, row, part))
@@ -225,7 +244,7 @@ class BatchedCells:
         draws[:, 0] = hits
         draws[:, 1:] = self.pool.cumulative(benchmark)[order[:, None], np.arange(draws.shape[1] - 1)[None, :],
                                                        hits[:, None]]
-        return (draws * (100.0 / latent.n)).ravel()
+        return self.with_seed_term((draws * (100.0 / latent.n)).ravel(), table, row, benchmark, direction)
 
     def probe(self, figure: str, method: str | None) -> list[dict]:
         raise CellUnavailable("probes are simulated one reproduction at a time", figure)
@@ -293,16 +312,19 @@ def batch_verdicts(claim: dict, cells: BatchedCells, decision: dict) -> list[str
     return [decide(decision, float(v), float(lo), float(hi)) for v, lo, hi in zip(draws[:, 0], low, high)]
 
 
-def support_rates(claims: list[dict], n_sims: int = 200, resamples: int = 100, seed: int = 0) -> pd.DataFrame:
+def support_rates(claims: list[dict], n_sims: int = 200, resamples: int = 100, seed: int = 0,
+                  model: TieModel | None = None) -> pd.DataFrame:
     """Per claim: the share of `n_sims` simulated exact reproductions giving each verdict, beside the
     claim's verdict on the paper's own numbers. One row per claim, columns claim_id, paper_verdict and
-    one per verdict."""
+    one per verdict. The rules' ties and the runs' seed term are `model`'s (default: the paper's sizes)."""
     rng = np.random.default_rng(seed)
-    pool = QueryPool(Bootstrap(BootstrapSettings(resamples=resamples, seed=seed)), rng, test_sizes())
+    model = model or paper_model(measured_correlation())
+    pool = QueryPool(Bootstrap(BootstrapSettings(resamples=resamples, seed=seed)), rng, model.sizes)
     conditions = paper_conditions()
+    symbolic, claims = claims, [resolved(c, model) for c in claims]
     counts = {c["claim_id"]: dict.fromkeys(VERDICTS, 0) for c in claims}
     batched = [c for c in claims if batchable(c["statistic"])]
-    cells = BatchedCells(pool, rng, n_sims)
+    cells = BatchedCells(pool, rng, n_sims, model.seed_sd)
     for claim in batched:
         decision = claim.get("real_data_decision", claim["decision"])
         for verdict in batch_verdicts(claim, cells, decision):
@@ -313,5 +335,5 @@ def support_rates(claims: list[dict], n_sims: int = 200, resamples: int = 100, s
         for claim in single:
             counts[claim["claim_id"]][judge_claim(claim, source, conditions, pool.boot)["verdict"]] += 1
     rows = [{"claim_id": c["claim_id"], "paper_verdict": paper_judgement(c, conditions)["paper_verdict"],
-             **{v: counts[c["claim_id"]][v] / n_sims for v in VERDICTS}} for c in claims]
+             **{v: counts[c["claim_id"]][v] / n_sims for v in VERDICTS}} for c in symbolic]
     return pd.DataFrame(rows)

@@ -5,9 +5,10 @@ A claim's statistic is computed from "items" (one value per cell, contrast, benc
 each as draws: estimate then bootstrap replicates, see hnclip.report.effects) reduced to one number; its
 decision (e.g. "count >= 8", "> 0", "between -1 and 1") gives the verdict: supported, contradicted,
 inconclusive, not_testable (with the reason) or not_implemented. Counts of "all N" claims take a tie
-tolerance stated per claim: an item within it of the decision counts, because an exact reproduction at
-the paper's test-set sizes cannot resolve less (hnclip.report.calibration checks every rule against
-simulated exact reproductions). The same statistics run on the paper's own printed numbers (where the
+tolerance from one formula (hnclip.report.tie: z times the standard error of a paired single-seed
+contrast on the profile's test sets, with the between-seed term): an item within it of the decision
+counts (hnclip.report.calibration and hnclip.report.specificity measure how often each rule passes an
+exact reproduction and an absent effect). The same statistics run on the paper's own printed numbers (where the
 paper prints no table for it, the number its text states): the `paper_verdict` column, and
 `paper_self_consistent` where the paper's own numbers contradict its claim.
 
@@ -18,6 +19,7 @@ One module a job:
   claims_probes         the gradient-probe statistics
   claims_preconditions  real data and the regime preconditions a claim may require
   claims_verdicts       the verdict categories and rules, a claim judged, the scorecard
+  tie                   the tie tolerance's formula and the between-seed term
   claims_render         the scorecard as Markdown
   claims (this module)  the files it reads and writes, and their provenance
 """
@@ -34,6 +36,7 @@ from hnclip.report.claims_definitions import claim_definitions, statistic_leaves
 from hnclip.report.claims_preconditions import REGIME_CONDITIONS, as_condition, profile_conditions
 from hnclip.report.claims_render import to_markdown
 from hnclip.report.claims_verdicts import VERDICTS, scorecard
+from hnclip.report.tie import SEED_TABLE, Z_TIE, profile_model
 from hnclip.report.uncertainty import Bootstrap, BootstrapSettings
 
 __all__ = ["CLAIMS_CSV", "CLAIMS_MD", "CLAIMS_PROVENANCE", "VERDICTS", "build_claims", "claims_inputs",
@@ -60,6 +63,9 @@ def claims_inputs(reg: Registry) -> list[Path]:
                      for cell in reg.figure_cells(reg.params["figures"][name])})
     if reg.params.get("regime_targets"):
         files.append(paths.regime_report("json"))
+    # the tie tolerance's seed replicates (hnclip.report.tie.profile_model; its test-set sizes are the zero-shot
+    # evaluations', above with their tables)
+    files += [paths.table(SEED_TABLE, "csv")] if SEED_TABLE in reg.tables else []
     return list(dict.fromkeys(files))
 
 
@@ -68,17 +74,20 @@ def build_claims(reg: Registry) -> list[Path]:
     started = time.time()
     boot = Bootstrap(BootstrapSettings.from_params(reg.params))
     conditions = profile_conditions(reg)
-    frame = scorecard(reg, boot)
+    model = profile_model(reg)
+    frame = scorecard(reg, boot, model)
     write_text(CLAIMS_CSV, frame.to_csv(index=False))
-    write_text(CLAIMS_MD, to_markdown(reg, frame, boot, conditions))
+    write_text(CLAIMS_MD, to_markdown(reg, frame, boot, conditions, model))
     evidence = {file for text in frame["evidence"] if isinstance(text, str) and text for file in evidence_files(text)}
-    inputs = {f"evidence:{f}": f for f in sorted(evidence)}
+    inputs = {f"evidence:{f}": f for f in sorted(evidence)} | {f"tie:{f}": f for f in model.read}
     if paths.regime_report("json").is_file() and reg.params.get("regime_targets"):
         inputs["regime"] = paths.regime_report("json")
     record = provenance.record(
         "claims", inputs=inputs, wall_time_s=time.time() - started,
         params={"profile": reg.profile_name, "bootstrap": vars(boot.settings), "claims": claim_definitions()},
-        extra={"verdicts": dict(zip(frame["claim_id"], frame["verdict"])),
+        extra={"tie": {"z": Z_TIE, "correlation": model.correlation, "seed_sd": model.seed_sd,
+                       "seed_source": model.seed_source, "test_sizes": model.sizes},
+               "verdicts": dict(zip(frame["claim_id"], frame["verdict"])),
                "paper_verdicts": dict(zip(frame["claim_id"], frame["paper_verdict"])),
                "preconditions": {name: as_condition(conditions.get(name)).met for name in REGIME_CONDITIONS},
                "outputs": {str(p): provenance.file_sha256(p) for p in (CLAIMS_CSV, CLAIMS_MD)}})

@@ -11,6 +11,7 @@ from hnclip.report.claims_definitions import claim_definitions
 from hnclip.report.claims_preconditions import REGIME_CONDITIONS, as_condition, profile_conditions
 from hnclip.report.claims_verdicts import GROUPS, VERDICT_MEANINGS, VERDICTS
 from hnclip.report.quotes import readable_quote
+from hnclip.report.tie import Z_TIE, TieModel
 from hnclip.report.uncertainty import Bootstrap
 
 
@@ -49,7 +50,7 @@ def _parts(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
             "additional checks": frame[~sanity & (group == "additional")], "sanity checks": frame[sanity]}
 
 
-def _header(reg: Registry, frame: pd.DataFrame, boot: Bootstrap, conditions: dict) -> list[str]:
+def _header(reg: Registry, frame: pd.DataFrame, boot: Bootstrap, conditions: dict, model: TieModel | None) -> list[str]:
     """The counts, the preconditions, how the claims are judged and the verdicts' legend."""
     s = boot.settings
     contradicted = frame.loc[frame["paper_verdict"] == "contradicted", "claim_id"].tolist()
@@ -67,9 +68,11 @@ def _header(reg: Registry, frame: pd.DataFrame, boot: Bootstrap, conditions: dic
            "Each claim of the paper is a computable statistic over this profile's tables and records "
            f"(src/hnclip/report/claims.yaml), with a {s.confidence:.0%} percentile bootstrap interval over test "
            f"queries (and seeds; paired across runs on the same queries; {s.resamples} resamples, seed {s.seed}). "
-           "Counts of \"all N\" claims take the tie tolerance their decision states: a reproduction at the "
-           "paper's test-set sizes cannot resolve a smaller difference. Sanity checks hold nearly by construction "
-           "(L_HN is L_CLIP on logits shifted by γG ≥ 0) and are judged per run.", "",
+           "A single-seed run's interval also carries the between-seed spread (below). "
+           "\"Lead or tie\" rules take a tie tolerance from one formula, never a hand value "
+           "(docs/results.md, \"The tie tolerance\"): " + (_tie_text(model) if model else "see the tolerance column")
+           + "; a closeness or a magnitude the paper states is judged within twice it. Sanity checks hold nearly "
+           "by construction (L_HN is L_CLIP on logits shifted by γG ≥ 0) and are judged per run.", "",
            "Each rule was also run on simulated reproductions at the paper's test sizes "
            "(src/hnclip/report/claims_specificity.json): how often it says supported when the paper is reproduced "
            "exactly (exact), when the rows the claim compares are equal (null) and when the effect is one R@1 "
@@ -115,10 +118,18 @@ def _claim_row(rec: dict, spec: dict) -> str:
     return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"  # quotes hold |Δ|
 
 
-def to_markdown(reg: Registry, frame: pd.DataFrame, boot: Bootstrap, conditions: dict | None = None) -> str:
+def _tie_text(model: TieModel) -> str:
+    sizes = ", ".join(f"{b} {n:,}" for b, n in sorted(model.sizes.items()))
+    return (f"{model.describe()}, on this profile's test sets ({sizes} queries): "
+            f"{Z_TIE:g} × SE = {Z_TIE * model.standard_error(max(model.sizes.values())):.2f} to "
+            f"{Z_TIE * model.standard_error(min(model.sizes.values())):.2f} R@1 points")
+
+
+def to_markdown(reg: Registry, frame: pd.DataFrame, boot: Bootstrap, conditions: dict | None = None,
+                model: TieModel | None = None) -> str:
     """results/claims.md from the scorecard `frame` (`conditions`: this profile's, by default measured)."""
     conditions = conditions if conditions is not None else profile_conditions(reg)
-    out = _header(reg, frame, boot, conditions)
+    out = _header(reg, frame, boot, conditions, model)
     specs = {c["claim_id"]: c for c in claim_definitions()}
     group = frame["group"].fillna("paper")
     for key, title in GROUPS.items():

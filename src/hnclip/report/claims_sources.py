@@ -36,8 +36,8 @@ class ReproducedSource:
     """This profile's built tables, evaluation, statistics and gradient-probe records. Every number
     read is noted in `evidence` as (file, item)."""
 
-    def __init__(self, reg: Registry, boot: Bootstrap):
-        self.reg, self.boot = reg, boot
+    def __init__(self, reg: Registry, boot: Bootstrap, seed_sd: float = 0.0):
+        self.reg, self.boot, self.seed_sd = reg, boot, seed_sd
         self.cells = ReproducedCells(boot)
         self.evidence: list[tuple[str, str]] = []
 
@@ -53,6 +53,10 @@ class ReproducedSource:
         cells = self._table(table)
         draws = cells.draws(row, part, selection)
         self.evidence += cells.reference(row, part, selection)
+        if self.seed_sd > 0 and len(draws) > 1 and len(cells.seeds(row, part)) == 1:
+            # one seed: its replicates carry the between-seed term too (several seeds are resampled instead)
+            run = ",".join(cells.eval_files(row, part)) + f"/{part[1]}"
+            draws = np.concatenate([draws[:1], draws[1:] + self.boot.seed_jitter(run, self.seed_sd)])
         return draws
 
     def epochs(self, table: str, row: str, part: tuple[str, str, str]) -> list[int]:

@@ -14,7 +14,13 @@ import math
 import pandas as pd
 
 from hnclip.config.registry import NOT_IMPLEMENTED, Registry
-from hnclip.report.claims_definitions import NULL_SUPPORT_MAX, claim_definitions, rule_hash, rule_specificity
+from hnclip.report.claims_definitions import (
+    NULL_SUPPORT_MAX,
+    SIZE_MIN,
+    claim_definitions,
+    rule_hash,
+    rule_specificity,
+)
 from hnclip.report.claims_preconditions import (
     REGIME_CONDITIONS,
     as_condition,
@@ -25,14 +31,16 @@ from hnclip.report.claims_preconditions import (
 from hnclip.report.claims_sources import PaperSource, ReproducedSource
 from hnclip.report.claims_statistics import statistic_draws
 from hnclip.report.effects import CellUnavailable, format_evidence, summarise
+from hnclip.report.tie import TieModel, measured_correlation, paper_model, profile_model, resolved
 from hnclip.report.uncertainty import Bootstrap
 
 VERDICT_MEANINGS = {
     "supported": "the whole 95 % interval satisfies the claim's decision, by a rule that an absence of the "
-                 "claimed effect passes at most 10 % of the time (its null support, at the paper's test sizes)",
+                 "claimed effect passes at most 10 % of the time (its null support) and an exact reproduction of "
+                 "the paper at least 90 % (its size), both at the paper's test sizes",
     "consistent": "the interval satisfies the decision, but the rule passes without the claimed effect too (null "
-                  "support above 10 %) or its null support is not measured: the data agree with the claim "
-                  "without confirming it",
+                  "support above 10 %), passes an exact reproduction less than 90 % of the time, or its null "
+                  "support is not measured: the data agree with the claim without confirming it",
     "contradicted": "none of the interval does",
     "inconclusive": "the interval straddles the decision: this profile's data cannot tell",
     "not_testable": "this profile cannot test it: a magnitude of the real benchmarks on the miniature, or a "
@@ -93,20 +101,26 @@ def is_borderline(decision: dict, value: float, low: float, high: float) -> bool
 
 def with_specificity(row: dict, claim: dict, measured: dict[str, dict]) -> dict:
     """The row with its rule's specificity (claims_specificity.json) and the gate on "supported": a
-    verdict whose rule also passes the claim's absence more than NULL_SUPPORT_MAX of the time, or whose
-    absence was not simulated, is `consistent`, on this profile's results and on the paper's numbers."""
+    verdict whose rule also passes the claim's absence more than NULL_SUPPORT_MAX of the time, whose
+    absence was not simulated, or which passes an exact reproduction of the paper less than SIZE_MIN of
+    the time, is `consistent`, on this profile's results and on the paper's numbers."""
     entry = measured.get(claim["claim_id"])
     if entry is None or entry["rule_hash"] != rule_hash(claim):
         entry = {"size": math.nan, "null_support": None, "reversed_support": None,
                  "specificity_note": "not measured for this rule (python -m hnclip.report.specificity)"}
     null = math.nan if entry["null_support"] is None else entry["null_support"]
-    out = {**row, "size": entry["size"], "null_support": null,
+    size = entry["size"]
+    out = {**row, "size": size, "null_support": null,
            "reversed_support": math.nan if entry["reversed_support"] is None else entry["reversed_support"],
            "specificity_note": entry["specificity_note"]}
-    if null <= NULL_SUPPORT_MAX:  # False for NaN: not measured
+    if null <= NULL_SUPPORT_MAX and size >= SIZE_MIN:  # False for NaN: not measured
         return out
-    why = (f"the rule also says supported in {null:.0%} of simulated reproductions without the effect"
-           if not math.isnan(null) else f"its specificity is not measured: {entry['specificity_note']}")
+    if math.isnan(null):
+        why = f"its specificity is not measured: {entry['specificity_note']}"
+    elif null > NULL_SUPPORT_MAX:
+        why = f"the rule also says supported in {null:.0%} of simulated reproductions without the effect"
+    else:
+        why = f"the rule says supported in only {size:.0%} of simulated exact reproductions of the paper"
     if out.get("paper_verdict") == "supported":
         out["paper_verdict"] = "consistent"
     if out["verdict"] == "supported":
@@ -120,10 +134,14 @@ def unavailable_verdict(exc: CellUnavailable) -> str:
     return "not_implemented" if exc.status == NOT_IMPLEMENTED else "not_testable"
 
 
-def judge_claim(claim: dict, source, conditions: dict, boot: Bootstrap) -> dict:
-    """One row of the scorecard (`conditions`: name -> Condition or bool, see profile_conditions)."""
+def judge_claim(claim: dict, source, conditions: dict, boot: Bootstrap, model: TieModel | None = None) -> dict:
+    """One row of the scorecard (`conditions`: name -> Condition or bool, see profile_conditions). A claim
+    whose ties are not resolved yet (hnclip.report.tie.resolved) takes `model`'s, by default the paper's
+    test sizes'."""
+    if "tie" not in claim:
+        claim = resolved(claim, model or paper_model(measured_correlation()))
     decision = claim_decision(claim, as_condition(conditions.get("real_data")).met)
-    tolerance = claim["statistic"].get("tolerance")
+    tolerance = claim.get("tie")
     row = {"claim_id": claim["claim_id"], "quote": claim["quote"], "paper_value": claim["paper_value"],
            "reproduced_value": math.nan, "ci_low": math.nan, "ci_high": math.nan, "evidence": "",
            "decision": decision_text(decision, tolerance), "reason": "", "where": claim["where"],
@@ -156,7 +174,8 @@ def judge_claim(claim: dict, source, conditions: dict, boot: Bootstrap) -> dict:
 def paper_judgement(claim: dict, conditions: dict | None = None) -> dict:
     """The claim on the paper's own numbers: its printed tables where they feed the statistic, else the
     number its text states (`paper_number`); not_testable where the paper gives neither.
-    Returns {paper_verdict, paper_statistic, paper_reason}."""
+    Returns {paper_verdict, paper_statistic, paper_reason}. Ties at the paper's test sizes."""
+    claim = resolved(claim, paper_model(measured_correlation())) if "tie" not in claim else claim
     row = judge_claim(claim, PaperSource(), conditions or paper_conditions(), Bootstrap())
     if row["verdict"] in ("supported", "contradicted"):
         return {"paper_verdict": row["verdict"], "paper_statistic": row["reproduced_value"],
@@ -174,14 +193,17 @@ def _self_consistent(verdict: str):
     return {"supported": True, "consistent": True, "contradicted": False}.get(verdict)
 
 
-def scorecard(reg: Registry, boot: Bootstrap) -> pd.DataFrame:
-    """Every claim judged on this profile's results and on the paper's own numbers (SCORECARD_COLUMNS)."""
-    source, conditions = ReproducedSource(reg, boot), profile_conditions(reg)
+def scorecard(reg: Registry, boot: Bootstrap, model: TieModel | None = None) -> pd.DataFrame:
+    """Every claim judged on this profile's results and on the paper's own numbers (SCORECARD_COLUMNS), the
+    ties and the seed term of `model` (default: this profile's, hnclip.report.tie.profile_model)."""
+    model = model or profile_model(reg)
+    source, conditions = ReproducedSource(reg, boot, model.seed_sd), profile_conditions(reg)
     on_paper = paper_conditions(reg.params.get("regime_targets"))
     rows, measured = [], rule_specificity()
     for claim in claim_definitions():
         paper = paper_judgement(claim, on_paper)
-        row = with_specificity({**judge_claim(claim, source, conditions, boot), "paper_verdict": paper["paper_verdict"],
+        judged = judge_claim(claim, source, conditions, boot, model)
+        row = with_specificity({**judged, "paper_verdict": paper["paper_verdict"],
                                 "paper_number": paper["paper_statistic"]}, claim, measured)
         rows.append({**row, "paper_self_consistent": _self_consistent(row["paper_verdict"])})
     return pd.DataFrame(rows).reindex(columns=SCORECARD_COLUMNS)

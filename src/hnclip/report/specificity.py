@@ -53,6 +53,7 @@ from hnclip.report.calibration import (
 )
 from hnclip.report.claims_definitions import SPECIFICITY_FILE, claim_definitions, row_of, rule_hash
 from hnclip.report.effects import CellUnavailable
+from hnclip.report.tie import Z_TIE, TieModel, paper_model, resolved
 from hnclip.report.uncertainty import Bootstrap, BootstrapSettings
 
 SHIFT = 1.0                       # R@1 points the reversed world moves an effect the other way
@@ -159,8 +160,9 @@ class WorldCells(BatchedCells):
     same at every epoch, so a run's epochs are nested). The bootstrap resamples the queries as the
     scorecard does, the same resamples for every cell of a test set."""
 
-    def __init__(self, pool: QueryPool, rng: np.random.Generator, sims: int, world: World, correlation: float):
-        super().__init__(pool, rng, sims)
+    def __init__(self, pool: QueryPool, rng: np.random.Generator, sims: int, world: World, correlation: float,
+                 seed_sd: float = 0.0):
+        super().__init__(pool, rng, sims, seed_sd)
         self.world, self.correlation = world, correlation
         self._shared: dict[tuple[str, str], np.ndarray] = {}
         self._own: dict[tuple[str, str, str, str], np.ndarray] = {}
@@ -198,16 +200,18 @@ class WorldCells(BatchedCells):
         draws = np.empty((self.sims, self.boot.settings.resamples + 1))
         draws[:, 0] = hits.sum(axis=1)
         draws[:, 1:] = hits @ self.boot.counts(benchmark, n).T  # the scorecard's own query resamples
-        return (draws * (100.0 / n)).ravel()
+        return self.with_seed_term((draws * (100.0 / n)).ravel(), table, row, benchmark, direction)
 
 
 def specificity(claims: list[dict], n_sims: int = 200, resamples: int = 100, seed: int = 0,
-                sizes: dict[str, int] | None = None, correlation: float = CORRELATION) -> pd.DataFrame:
-    """Per claim: `null_support`, `reversed_support` (NaN where not simulated) and `specificity_note`."""
+                model: TieModel | None = None, correlation: float = CORRELATION) -> pd.DataFrame:
+    """Per claim: `null_support`, `reversed_support` (NaN where not simulated) and `specificity_note`, at
+    `model`'s test sizes, ties and seed term (default: the paper's; `correlation`: the runs' outcomes')."""
     rng = np.random.default_rng(seed)
-    pool = QueryPool(Bootstrap(BootstrapSettings(resamples=resamples, seed=seed)), rng, sizes or test_sizes())
+    model = model or paper_model(correlation)
+    pool = QueryPool(Bootstrap(BootstrapSettings(resamples=resamples, seed=seed)), rng, model.sizes)
     rows = []
-    for claim in claims:
+    for claim in (resolved(c, model) for c in claims):
         row = {"claim_id": claim["claim_id"], "specificity_note": ""}
         decision = claim.get("real_data_decision", claim["decision"])
         for kind in WORLDS:
@@ -215,7 +219,8 @@ def specificity(claims: list[dict], n_sims: int = 200, resamples: int = 100, see
             if isinstance(world, str):
                 row[f"{kind}_support"], row["specificity_note"] = math.nan, world
                 continue
-            verdicts = batch_verdicts(claim, WorldCells(pool, rng, n_sims, world, correlation), decision)
+            cells = WorldCells(pool, rng, n_sims, world, correlation, model.seed_sd)
+            verdicts = batch_verdicts(claim, cells, decision)
             row[f"{kind}_support"] = sum(v == "supported" for v in verdicts) / n_sims
         rows.append(row)
     return pd.DataFrame(rows)
@@ -226,11 +231,14 @@ SETTINGS = {"sims": 200, "resamples": 100, "seed": 0, "shift": SHIFT}
 
 
 def measure_rules(claims: list[dict], sims: int, resamples: int, seed: int,
-                     correlation: float = CORRELATION) -> dict[str, dict]:
+                  correlation: float = CORRELATION) -> dict[str, dict]:
     """Per claim at the paper's test sizes: `size` (supported in an exact reproduction, independent rows:
-    hnclip.report.calibration), `null_support`, `reversed_support` and the note, with the rule's hash."""
-    sizes = support_rates(claims, n_sims=sims, resamples=resamples, seed=seed).set_index("claim_id")["supported"]
-    worlds = specificity(claims, n_sims=sims, resamples=resamples, seed=seed, correlation=correlation)
+    hnclip.report.calibration), `null_support`, `reversed_support` and the note, with the rule's hash.
+    The ties are the formula's at the paper's sizes with `correlation` (hnclip.report.tie)."""
+    model = paper_model(correlation)
+    sizes = support_rates(claims, n_sims=sims, resamples=resamples, seed=seed,
+                          model=model).set_index("claim_id")["supported"]
+    worlds = specificity(claims, n_sims=sims, resamples=resamples, seed=seed, model=model, correlation=correlation)
     out = {}
     for claim, world in zip(claims, worlds.to_dict("records")):
         out[claim["claim_id"]] = {"rule_hash": rule_hash(claim), "size": float(sizes[claim["claim_id"]]),
@@ -280,7 +288,9 @@ def main(argv: list[str] | None = None) -> int:
     rho = measured_rho["correlation"] if measured_rho else CORRELATION
     claims = claim_definitions()
     measured = measure_rules(claims, SETTINGS["sims"], SETTINGS["resamples"], SETTINGS["seed"], rho)
-    settings = {**SETTINGS, "correlation": rho, "correlation_measured": measured_rho, "test_sizes": test_sizes()}
+    model = paper_model(rho)
+    settings = {**SETTINGS, "correlation": rho, "correlation_measured": measured_rho, "test_sizes": test_sizes(),
+                "tie": {"z": Z_TIE, "seed_sd": round(model.seed_sd, 4), "seed_source": model.seed_source}}
     write_json(args.out, {"settings": settings, "claims": measured})
     print(f"wrote {args.out}: {len(measured)} rules, between-run correlation {rho}")
     return 0

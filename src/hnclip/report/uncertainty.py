@@ -111,6 +111,12 @@ class Bootstrap:
         draws = self._seed_draws(cell.seeds)
         return np.take_along_axis(per_seed, draws, axis=1).mean(axis=1)
 
+    def seed_jitter(self, key: str, sd: float) -> np.ndarray:
+        """[resamples] draws of N(0, sd²) for the cell of one run `key`: the between-seed term added to the
+        replicates of a single-seed cell (the same for every cell of the run, so a run's epochs and ranks
+        stay paired with each other)."""
+        return _stream(self.settings.seed, "seed-term", key).normal(0.0, sd, self.settings.resamples)
+
     def interval(self, replicates: np.ndarray) -> tuple[float, float]:
         """Percentile interval of a statistic's replicates at the settings' confidence."""
         tail = (1 - self.settings.confidence) / 2
