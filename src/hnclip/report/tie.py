@@ -155,8 +155,9 @@ def table_seed_sd(csv: Path) -> tuple[float, str] | None:
     frame = pd.read_csv(csv)
     if "status" in frame:
         frame = frame[frame["status"] == "ok"]
-    values = {(r.row, (r.benchmark, r.direction, r.metric)): float(getattr(r, "ours_mean", getattr(r, "ours", math.nan)))
-              for r in frame.itertuples()}
+    column = "ours_mean" if "ours_mean" in frame else "ours"
+    values = {(row, (bench, direction, metric)): float(value) for row, bench, direction, metric, value
+              in frame[["row", "benchmark", "direction", "metric", column]].itertuples(index=False)}
     pairs = _seed_pairs(lambda row, c: values.get((row, c)))
     if not pairs:
         return None
@@ -173,9 +174,9 @@ def paper_model(correlation: float) -> TieModel:
 
 def measured_correlation() -> float:
     """The between-run correlation recorded beside the rules (claims_specificity.json), else the default."""
+    from hnclip.io import read_json
     from hnclip.report.claims_definitions import SPECIFICITY_FILE
     from hnclip.report.specificity import CORRELATION
-    from hnclip.io import read_json
     if SPECIFICITY_FILE.is_file():
         return float(read_json(SPECIFICITY_FILE)["settings"]["correlation"])
     return CORRELATION
