@@ -156,6 +156,8 @@ def table_seed_sd(csv: Path) -> tuple[float, str] | None:
     if "status" in frame:
         frame = frame[frame["status"] == "ok"]
     column = "ours_mean" if "ours_mean" in frame else "ours"
+    if not {"row", "benchmark", "direction", "metric", column} <= set(frame.columns):
+        return None  # not a table of reproduced cells (e.g. a stub of another format)
     values = {(row, (bench, direction, metric)): float(value) for row, bench, direction, metric, value
               in frame[["row", "benchmark", "direction", "metric", column]].itertuples(index=False)}
     pairs = _seed_pairs(lambda row, c: values.get((row, c)))
