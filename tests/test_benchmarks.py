@@ -127,6 +127,7 @@ def test_command1_costs_splits_job_time_and_bounds_the_cold_run(tmp_path):
     _benchmark_file(project / "logs" / "evals" / "a" / "docci.benchmark.tsv", 2.0)
     _benchmark_file(project / "logs" / "tiny" / "auxiliary" / "docci.segments.benchmark.tsv", 7.0)
     _benchmark_file(project / "logs" / "tiny" / "claims.benchmark.tsv", 1.0)
+    _benchmark_file(project / "logs" / "tiny" / "stats" / "step_timing.benchmark.tsv", 20.0)  # runs alone
     _train_record(project, "a", "full", train_s=40.0, eval_s=6.0, probe_s=10.0, micro_batches=[32, 32])
     _train_record(project, "b", "goal", train_s=80.0, eval_s=12.0, probe_s=0.0, micro_batches=[32, 32])
     out = tmp_path / "costs.jsonl"
@@ -134,15 +135,16 @@ def test_command1_costs_splits_job_time_and_bounds_the_cold_run(tmp_path):
     assert read_lines(out) == [json.loads(json.dumps(record))]
     assert record["stages"] == {"auxiliary": {"jobs": 1, "job_s": 7.0}, "backbones": {"jobs": 1, "job_s": 300.0},
                                 "claims": {"jobs": 1, "job_s": 1.0}, "evals": {"jobs": 1, "job_s": 2.0},
-                                "train": {"jobs": 2, "job_s": 150.0}}
+                                "stats": {"jobs": 1, "job_s": 20.0}, "train": {"jobs": 2, "job_s": 150.0}}
     full, goal = record["training"]["full"], record["training"]["goal"]
     assert (full["steps_s"], full["probe_s"], full["eval_s"], full["other_s"]) == (30.0, 10.0, 6.0, 4.0)
     assert full["ms_per_micro_batch"] == pytest.approx(1000 * 30 / 64, abs=0.051)  # rounded to 0.1 ms
     assert (goal["steps_s"], goal["other_s"], goal["runs"]) == (80.0, 8.0, 1)
     assert record["steps_bound_s"] == 300 + (30 + 80) / 2
-    assert record["compute_bound_s"] == 300 + (30 + 80 + 6 + 12) / 2
-    assert record["total_job_s"] == 460.0 and record["gemm_gflops_1thread"] > 0  # the machine's speed, recorded
-    assert record["core_utilisation"] == pytest.approx((460 - 300) / (2 * 100), abs=1e-3)
+    assert record["step_timing_s"] == 20.0
+    assert record["compute_bound_s"] == 300 + 20 + (30 + 80 + 6 + 12) / 2
+    assert record["total_job_s"] == 480.0 and record["gemm_gflops_1thread"] > 0  # the machine's speed, recorded
+    assert record["core_utilisation"] == pytest.approx((480 - 300) / (2 * 100), abs=1e-3)
     with pytest.raises(SystemExit):
         command1_costs.main(["--project", str(tmp_path / "nothing"), "--out", str(out)])
     assert "matrix_steps_bound_s" not in record  # no params.yaml: nothing planned to bound

@@ -207,6 +207,11 @@ def build_world(root, override=lambda table, row, value, k: value, not_implement
     a3 = paper_table("tableA3")
     pd.DataFrame({"table": "tableA3", "row": a3["row"], "metric": a3["metric"], "ours": a3["value"],
                   "status": "ok"}).to_csv(root / paths.table("tableA3", "csv"), index=False)
+    # the paired step timing: Table A3's ratios in 12 rounds, each round's load shared by every row
+    clock = a3[a3["metric"] == "wall_clock_min"].dropna(subset=["value"])
+    load = [1.0, 1.3, 0.9, 1.1] * 3
+    write_json(root / paths.step_timing(), {"table": "tableA3", "seconds": {
+        row: [value * f for f in load] for row, value in zip(clock["row"], clock["value"])}})
     # Fig. A8's runs: exact zeros on 1 probe in 10; then Fig. 4's run (one of them): on every other
     for figure, zero_every in (("figA8_gradient_dynamics_scales", 10), ("fig4_gradient_dynamics", 2)):
         for cell in reg.figure_cells(reg.params["figures"][figure]):

@@ -107,6 +107,11 @@ def cmd_regime(args) -> int:
     return _wrote(build_regime(_registry(args)))
 
 
+def cmd_step_timing(args) -> int:
+    from hnclip.steps.step_timing import build_step_timing
+    return _wrote(build_step_timing(_registry(args)))
+
+
 def cmd_table(args) -> int:
     from hnclip.steps.report import build_table
     return _wrote(build_table(_registry(args), args.table))
@@ -216,6 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = verb("gradient-stats", cmd_gradient_stats, "statistics of a gradient figure (Fig. 4, A8) from its probe logs")
     p.add_argument("figure")
     verb("regime", cmd_regime, "measure the regime preconditions (params.yaml regime_targets): results/stats/regime.*")
+    verb("step-timing", cmd_step_timing, "time the timing table's runs' optimizer steps in turn on the same batches "
+                                         "(the timing claims' measurement): results/stats/step_timing.json")
     p = verb("table", cmd_table, "build a table of params.yaml (md, tex, csv + provenance)")
     p.add_argument("table")
     p = verb("figure", cmd_figure, "draw a figure of params.yaml's figures (png, pdf)")

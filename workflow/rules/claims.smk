@@ -1,6 +1,9 @@
 # Effects (each table's contrasts, paper vs reproduced with 95 % bootstrap intervals) and the claims
 # scorecard (every quantitative claim of the paper judged on this profile), shown first in the report.
+from types import SimpleNamespace
+
 from hnclip.report.claims import claims_inputs
+from hnclip.steps.step_timing import step_timing_plan
 from hnclip.report.effects import definitions, effects_inputs
 
 BOOTSTRAP = canonical_json(config.get("bootstrap", {}))  # resamples, seed, confidence (defaults in the code)
@@ -25,6 +28,31 @@ rule effects:
         f"logs/{PROFILE}/effects/{{table}}.benchmark.tsv"
     shell:
         f"{HNCLIP} effects {{wildcards.table}} > {{log}} 2>&1"
+
+
+rule step_timing:
+    # The timing claims' controlled measurement: the timing table's runs take optimizer steps in turn on the
+    # same batches. It takes every core, so no other job of this workflow shares the machine while it runs.
+    input:
+        lambda w: sorted({str(p) for run in (step_timing_plan(REG) or {}).get("runs", {}).values()
+                          for group in train_inputs(SimpleNamespace(run=run)).values()
+                          for p in ([group] if isinstance(group, (str, Path)) else group)}),
+    output:
+        "results/stats/step_timing.json",
+    params:
+        plan=lambda w: canonical_json(step_timing_plan(REG)),
+        specs=lambda w: canonical_json({row: REG.run(run).canonical()
+                                        for row, run in (step_timing_plan(REG) or {}).get("runs", {}).items()}),
+    log:
+        f"logs/{PROFILE}/stats/step_timing.log",
+    benchmark:
+        f"logs/{PROFILE}/stats/step_timing.benchmark.tsv"
+    threads: workflow.cores
+    resources:
+        gpu=USES_GPU,
+        mem_mb=MEM_MB["train"],
+    shell:
+        f"{HNCLIP} step-timing > {{log}} 2>&1"
 
 
 rule claims:

@@ -85,6 +85,11 @@ def stats(benchmark: str) -> Path:
     return RESULTS / "stats" / f"{benchmark}.json"
 
 
+def step_timing() -> Path:
+    """The timing table's paired, repeated step timings (hnclip.steps.step_timing)."""
+    return RESULTS / "stats" / "step_timing.json"
+
+
 def regime_report(ext: str) -> Path:
     """The regime preconditions report (json: values, verdicts, provenance; md: the same as a table)."""
     return RESULTS / "stats" / f"regime.{ext}"

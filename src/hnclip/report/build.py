@@ -148,7 +148,9 @@ def build_timing_table(reg: Registry, table: str = "tableA3") -> list[Path]:
              "evaluation and the gradient probe (their time is recorded apart in each run's train.json); images/s "
              "over that time. Offline prep.: the wall time of the auxiliary-input jobs of the training set (GOAL: "
              "segments; StructXLIP: segments + edges), which the paper does not time. Different hardware from the "
-             "paper's (Ascend 910B): compare ratios, not values.",
+             "paper's (Ascend 910B): compare ratios, not values. Each wall clock is its run's own, timed while "
+             "other jobs may have shared the machine; the timing claims of the scorecard are judged instead from "
+             "the runs' optimizer steps taken in turn on the same batches (results/stats/step_timing.json).",
              ""]
     costs = {row: reg.released_costs(run_id) for row, run_id in reg.timed_runs(table).items() if run_id}
     paid = {row: sorted(k for k, v in c.items() if v) for row, c in costs.items() if any(c.values())}

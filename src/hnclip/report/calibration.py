@@ -18,7 +18,7 @@ scorecard's own code path):
 * Per-epoch values (Figs. 4c, 5, A9; Table A2's best epochs), gradient-probe records (Figs. 4, A8: a
   probe every 5 optimizer steps, ~15 an epoch on DOCCI) and timings are drawn from a truth built from
   the numbers the text states (`EpochTruth`, `probe_records`); caption statistics are Table A1's to
-  their printed rounding.
+  their printed rounding; paired step timings are Table A3's ratios in rounds whose shared load varies.
 
 The truth is the paper's printed numbers; a claim those numbers contradict is not expected to pass.
 """
@@ -46,6 +46,9 @@ EPOCHS = 10
 PROBE_EVERY = 5          # optimizer steps between probes (Fig. 4)
 EFFECTIVE_BATCH = 128
 POOL = 24                # query orders per benchmark: each row and direction of a table draws its own
+TIMING_ROUNDS = 10       # paired step-timing rounds (params.yaml paired_timing)
+ROUND_LOAD_SD = 0.3      # log-SD of a round's shared slowdown (other work on the machine)
+STEP_JITTER_SD = 0.05    # log-SD of one step's own time
 
 
 def test_sizes() -> dict[str, int]:
@@ -258,6 +261,7 @@ class SimulatedSource:
         self.pool, self.rng, self.boot = pool, rng, pool.boot
         self.evidence: list[tuple[str, str]] = []
         self._probes: dict[str, list[dict]] = {}
+        self._round_load: dict[str, np.ndarray] = {}
 
     def has(self, table: str, row: str, part: tuple[str, str, str]) -> bool:
         return not math.isnan(printed(table, row, part))
@@ -294,11 +298,16 @@ class SimulatedSource:
     def no_interval(statistic: dict) -> str:
         return "simulated"
 
-    def timing(self, table: str, row: str, metric: str) -> float:
-        value = paper_cells(table).value(row, Column(paper_cells(table).benchmark_of(row), "none", metric, ()))
+    def step_times(self, table: str, row: str) -> np.ndarray:
+        """A row's step seconds in each of TIMING_ROUNDS paired rounds: Table A3's wall clock (its per-step
+        scale does not matter to a ratio) times a factor every row of the round shares (the machine's load)
+        and one of its own (step-to-step jitter)."""
+        value = printed(table, row, (paper_cells(table).benchmark_of(row), "none", "wall_clock_min"))
         if math.isnan(value):
             raise CellUnavailable("not timed in the paper", f"{table} {row}")
-        return float(value * math.exp(self.rng.normal(0, 0.05)))  # run-to-run timing jitter
+        if table not in self._round_load:
+            self._round_load[table] = np.exp(self.rng.normal(0, ROUND_LOAD_SD, TIMING_ROUNDS))
+        return value * self._round_load[table] * np.exp(self.rng.normal(0, STEP_JITTER_SD, TIMING_ROUNDS))
 
 
 def batch_verdicts(claim: dict, cells: BatchedCells, decision: dict) -> list[str]:

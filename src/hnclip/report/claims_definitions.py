@@ -1,7 +1,7 @@
 """The claims of claims.yaml as data, and the walk over a claim's statistic tree.
 
 A statistic is a leaf (one kind: contrast, spread, trajectory, order_preserved, probe, caption_geometry,
-timing_ratio; see hnclip.report.claims_statistics) or a `difference` / `concat` of statistics."""
+paired_timing; see hnclip.report.claims_statistics) or a `difference` / `concat` of statistics."""
 from __future__ import annotations
 
 import hashlib

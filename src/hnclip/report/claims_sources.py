@@ -19,7 +19,6 @@ import math
 from typing import Callable
 
 import numpy as np
-import pandas as pd
 
 from hnclip.config import paths
 from hnclip.config.registry import Registry
@@ -95,25 +94,21 @@ class ReproducedSource:
     def no_interval(statistic: dict) -> str:
         return no_interval_reason(statistic)
 
-    def timing(self, table: str, row: str, metric: str) -> float:
-        path = paths.table(table, "csv")
+    def step_times(self, table: str, row: str) -> np.ndarray:
+        """A row's optimizer-step seconds per round of the paired timing (hnclip.steps.step_timing)."""
+        path = paths.step_timing()
         if table not in self.reg.params.get("derived_tables", {}) or not path.is_file():
-            raise CellUnavailable("not built by this profile", table)
-        frame = pd.read_csv(path)
-        hit = frame[(frame["row"] == row) & (frame["metric"] == metric)]
-        if hit.empty:
-            raise CellUnavailable("no such row and metric", f"{table} {row}/{metric}")
-        if hit.iloc[0]["status"] != "ok":
-            raise CellUnavailable(hit.iloc[0]["status"], f"{table} {row}")
-        self.evidence.append((str(path), f"{row}/{metric}"))
-        return float(hit.iloc[0]["ours"])
+            raise CellUnavailable("no paired step timing in this profile (results/stats/step_timing.json)", table)
+        record = read_json(path)
+        if record.get("table") != table or row not in record.get("seconds", {}):
+            raise CellUnavailable("not timed by the paired step timing", f"{table} {row}")
+        self.evidence.append((str(path), f"seconds/{row}"))
+        return np.asarray(record["seconds"][row], dtype=float)
 
 
 def no_interval_reason(statistic: dict) -> str:
     """Why a statistic's value has no interval (the first reason among the kinds it uses)."""
     kinds = statistic_kinds(statistic)
-    if "timing_ratio" in kinds:
-        return "one timed run per method"
     if "caption_geometry" in kinds:
         return "the caption statistics keep no per-caption values"
     if "probe:first_step_below" in kinds:
@@ -151,14 +146,15 @@ class PaperSource:
     def no_interval(statistic: dict) -> str:
         return "the paper's printed numbers"
 
+    @staticmethod
+    def step_times(table: str, row: str) -> np.ndarray:
+        raise CellUnavailable("the paper publishes no paired step timings", f"{table} {row}")
+
     def caption_geometry(self, benchmark: str, field: str) -> np.ndarray:
         if field not in PAPER_GEOMETRY:
             raise CellUnavailable("Table A1 prints no such statistic", field)
         return np.array([paper_geometry(benchmark, field)])
 
-    def timing(self, table: str, row: str, metric: str) -> float:
-        benchmark = self._table(table).benchmark_of(row)
-        return self._table(table).value(row, Column(benchmark, "none", metric, ()))
 
 
 @functools.lru_cache(maxsize=None)

@@ -10,7 +10,7 @@ the items into one (REDUCERS, with the statistic's tie `tolerance`). The kinds (
   order_preserved   per pair of rows and column, whether a replicate keeps the reference's order
   probe             gradient-probe measures (hnclip.report.claims_probes)
   caption_geometry  a caption-statistics field per benchmark
-  timing_ratio      one timed row over another
+  paired_timing     one row's optimizer steps over another's, timed in turn on the same batches
 """
 from __future__ import annotations
 
@@ -172,9 +172,14 @@ def _caption_geometry(spec: dict, source) -> list[np.ndarray]:
     return values
 
 
-def _timing_ratio(spec: dict, source) -> list[np.ndarray]:
-    numerator = source.timing(spec["table"], spec["numerator"], spec["metric"])
-    return [np.array([numerator / source.timing(spec["table"], spec["denominator"], spec["metric"])])]
+def _paired_timing(spec: dict, source) -> list[np.ndarray]:
+    """The median over rounds of numerator / denominator step seconds, the rounds resampled (their interval):
+    the runs' optimizer steps were taken in turn on the same batches (hnclip.steps.step_timing)."""
+    numerator, denominator = (source.step_times(spec["table"], spec[key]) for key in ("numerator", "denominator"))
+    if len(numerator) != len(denominator):
+        raise ValueError(f"paired timing: {len(numerator)} and {len(denominator)} rounds")
+    return [source.resample(f"step_timing:{spec['table']}", numerator / denominator,
+                            lambda ratios: np.median(ratios, axis=1))]
 
 
 # Reducers of a [items, draws] stack; `tol` is the statistic's tie tolerance: an item within it of 0
@@ -188,7 +193,7 @@ REDUCERS: dict[str, Callable[[np.ndarray, float], np.ndarray]] = {
 # A leaf statistic's kind -> its items (spec, source) -> [items]
 STATISTIC_KINDS: dict[str, Callable[[dict, object], list[np.ndarray]]] = {
     "contrast": _contrast, "spread": _spread, "probe": probe_items, "caption_geometry": _caption_geometry,
-    "timing_ratio": _timing_ratio, "trajectory": _trajectory, "order_preserved": _order_preserved}
+    "paired_timing": _paired_timing, "trajectory": _trajectory, "order_preserved": _order_preserved}
 
 
 def statistic_items(statistic: dict, source) -> list[np.ndarray]:

@@ -15,9 +15,10 @@ here). This module asks the other side, in two more simulated worlds at the same
 `null_support` and `reversed_support` are the shares of simulated reproductions that the rule calls
 supported there. Simulated: the claims whose statistic reads retrieval cells (contrasts, spreads,
 trajectories, order checks) and states a direction (a decision `>`, `>=`, `<` or `<=` on a signed
-reducer). Closeness claims ("between", `abs_mean`, `max_abs`: the claimed effect *is* equality), and
-claims on gradient probes, caption statistics or timings, are not: their null world is not a change of
-rows, and their specificity is NaN with the reason in `specificity_note`.
+reducer), and the paired timing claims (`TimingWorld`: null, the true ratio of step times on the decision's
+threshold; reversed, TIMING_SHIFT times beyond it). Closeness claims ("between", `abs_mean`, `max_abs`: the
+claimed effect *is* equality), and claims on gradient probes or caption statistics, are not: their null
+world is not a change of rows, and their specificity is NaN with the reason in `specificity_note`.
 
 `python -m hnclip.report.specificity` measures every rule at the paper's test sizes (Table A1), with its
 `size` from the calibration, and writes `claims_specificity.json` beside claims.yaml, each entry with the
@@ -44,6 +45,7 @@ from hnclip.io import read_json, write_json
 from hnclip.report.calibration import (
     BatchedCells,
     QueryPool,
+    SimulatedSource,
     batch_verdicts,
     batchable,
     printed,
@@ -52,11 +54,15 @@ from hnclip.report.calibration import (
     true_recall,
 )
 from hnclip.report.claims_definitions import SPECIFICITY_FILE, claim_definitions, row_of, rule_hash
+from hnclip.report.claims_preconditions import paper_conditions
+from hnclip.report.claims_sources import paper_cells
+from hnclip.report.claims_verdicts import judge_claim
 from hnclip.report.effects import CellUnavailable
 from hnclip.report.tie import Z_TIE, TieModel, paper_model, resolved
 from hnclip.report.uncertainty import Bootstrap, BootstrapSettings
 
 SHIFT = 1.0                       # R@1 points the reversed world moves an effect the other way
+TIMING_SHIFT = 1.1                # the factor the reversed world moves a timing ratio the other way
 CORRELATION = 0.5                 # between two runs' per-query outcomes on one test set (latent, Gaussian)
 WORLDS = ("null", "reversed")
 SIGNED_REDUCERS = (None, "value", "min", "max", "mean", "count_positive", "count_nonnegative")
@@ -139,18 +145,56 @@ def _leaves_into(statistic: dict, world: World, shift: list[float]) -> bool:
     return False
 
 
-def world_of(claim: dict, kind: str) -> World | str:
+@dataclass(frozen=True)
+class TimingWorld:
+    """A paired timing claim's world: the numerator row's true step time makes the ratio `ratio`."""
+    table: str
+    numerator: str
+    denominator: str
+    ratio: float
+
+
+def world_of(claim: dict, kind: str) -> World | TimingWorld | str:
     """The claim's null or reversed world, or why it has none."""
     direction = claim_direction(claim)
     if direction is None:
         return "a closeness claim: its null world is the claim itself"
+    if "paired_timing" in claim["statistic"]:
+        # the ratio the claim bounds sits on its threshold (null), or TIMING_SHIFT beyond it (reversed)
+        spec, decision = claim["statistic"]["paired_timing"], claim.get("real_data_decision", claim["decision"])
+        ratio = decision["threshold"] * (TIMING_SHIFT ** -direction if kind == "reversed" else 1.0)
+        return TimingWorld(spec["table"], spec["numerator"], spec["denominator"], ratio)
     if not batchable(claim["statistic"]):
-        return "not a comparison of retrieval cells (gradient probes, caption statistics or timings)"
+        return "not a comparison of retrieval cells or a paired timing (gradient probes, caption statistics)"
     world = World()
     shift = [-direction * SHIFT if kind == "reversed" else 0.0]
     if not _leaves_into(claim["statistic"], world, shift):
         return "not a comparison of rows"
     return world
+
+
+class TimingWorldSource(SimulatedSource):
+    """SimulatedSource whose paired step times follow a TimingWorld's ratio."""
+
+    def __init__(self, pool: QueryPool, rng: np.random.Generator, world: TimingWorld):
+        super().__init__(pool, rng)
+        self.world = world
+
+    def step_times(self, table: str, row: str) -> np.ndarray:
+        times = super().step_times(table, row)
+        if (table, row) != (self.world.table, self.world.numerator):
+            return times
+        truth = {name: printed(table, name, (paper_cells(table).benchmark_of(name), "none", "wall_clock_min"))
+                 for name in (self.world.numerator, self.world.denominator)}
+        return times * self.world.ratio * truth[self.world.denominator] / truth[self.world.numerator]
+
+
+def _timing_support(claim: dict, pool: QueryPool, rng: np.random.Generator, world: TimingWorld, n_sims: int) -> float:
+    """The share of n_sims simulated paired timings in `world` that the rule calls supported."""
+    conditions = paper_conditions()
+    verdicts = [judge_claim(claim, TimingWorldSource(pool, rng, world), conditions, pool.boot)["verdict"]
+                for _ in range(n_sims)]
+    return sum(v == "supported" for v in verdicts) / n_sims
 
 
 class WorldCells(BatchedCells):
@@ -218,6 +262,9 @@ def specificity(claims: list[dict], n_sims: int = 200, resamples: int = 100, see
             world = world_of(claim, kind)
             if isinstance(world, str):
                 row[f"{kind}_support"], row["specificity_note"] = math.nan, world
+                continue
+            if isinstance(world, TimingWorld):
+                row[f"{kind}_support"] = _timing_support(claim, pool, rng, world, n_sims)
                 continue
             cells = WorldCells(pool, rng, n_sims, world, correlation, model.seed_sd)
             verdicts = batch_verdicts(claim, cells, decision)

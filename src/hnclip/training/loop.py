@@ -125,7 +125,8 @@ class _Run:
         return autocast_context(self.device, self.precision)
 
 
-def _prepare(job: TrainJob, distributed: Distributed) -> _Run:
+def prepare_run(job: TrainJob, distributed: Distributed) -> _Run:
+    """Everything a job's optimizer steps use: model, method, optimizer, data (also for hnclip.training.step_timing)."""
     spec, execution, recipe = job.spec, job.execution, job.spec["recipe"]
     objective = with_run_seed(spec["objective"], spec["seed"])  # seed: shuffled-G keys
     torch.set_num_threads(execution["threads"])
@@ -162,21 +163,26 @@ def _prepare(job: TrainJob, distributed: Distributed) -> _Run:
                 indices, micro_per_epoch, total_steps, eval_sets, Faults.from_env(), tf32)
 
 
+def fresh_memory_plan(run: _Run) -> memory.MemoryPlan:
+    """The memory plan of a run that has not fallen back yet: its compute batch (compute mode) or micro-batch."""
+    micro = run.recipe["micro_batch"]
+    return memory.MemoryPlan(run.job.execution.get("compute_batch", micro) if run.mode == "compute" else micro, micro)
+
+
 def _resume(run: _Run) -> tuple[LoopState, memory.MemoryPlan]:
     """The loop state and memory plan to continue from: the checkpoint's (and memory.json's), or fresh."""
-    job, micro = run.job, run.recipe["micro_batch"]
+    job = run.job
     records, origin = record_settings(job), run_origin(job)
     saved = load_checkpoint(job.checkpoint_dir, job.spec_hash, run.trained, run.optimizer, records, origin)
     state = LoopState.from_dict(saved) if saved is not None else LoopState()
     state.records, state.origin = records, origin
-    requested = job.execution.get("compute_batch", micro) if run.mode == "compute" else micro
-    plan = memory.MemoryPlan(requested, micro).resumed_from(state.memory)
+    plan = fresh_memory_plan(run).resumed_from(state.memory)
     plan = plan.resumed_from(memory.read_memory_lesson(job.checkpoint_dir))  # a fallback after the checkpoint
     return state, plan
 
 
-def _optimizer_step(run: _Run, state: LoopState, plan: memory.MemoryPlan, epoch: int, group_index: int,
-                    group: list[list[int]]) -> list[dict]:
+def optimizer_step(run: _Run, state: LoopState, plan: memory.MemoryPlan, epoch: int, group_index: int,
+                   group: list[list[int]]) -> list[dict]:
     """One optimizer step on accumulation group `group_index` of `epoch`; returns its loss records."""
     job, method, model, recipe = run.job, run.method, run.trained.module, run.recipe
     accum = recipe["grad_accum"]
@@ -236,7 +242,7 @@ def _optimizer_step(run: _Run, state: LoopState, plan: memory.MemoryPlan, epoch:
 
 def _train(job: TrainJob, distributed: Distributed) -> dict:
     started = time.time()
-    run = _prepare(job, distributed)
+    run = prepare_run(job, distributed)
     main = distributed.is_main
     state, plan = _resume(run)
     resumed_from = state.step or None
@@ -275,7 +281,7 @@ def _epochs(run: _Run, state: LoopState, plan: memory.MemoryPlan, progress, curv
         for group_index in range(state.group, len(groups)):
             step_started = time.time()
             with timed(state.timers, "train_s"):
-                records = _optimizer_step(run, state, plan, epoch, group_index, groups[group_index])
+                records = optimizer_step(run, state, plan, epoch, group_index, groups[group_index])
             curves.step(state.steps[-1], micro * state.steps[-1]["micro_batches"], time.time() - step_started,
                         run.device)
             state.memory = plan.as_dict()
