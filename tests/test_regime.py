@@ -168,8 +168,9 @@ def write_project(reg: Registry) -> dict:
     runs = {"plain": planned_run(reg, "longclip_ft", "docci"), "hn": planned_run(reg, "hn_only", "docci")}
     write_json(paths.evaluation(runs["plain"], "docci"),  # its best epoch: +7.5 / +3.0 over zero-shot
                {"best": {"epoch": 3, "metrics": {d: {"R@1": v + FT_GAIN[d]} for d, v in R1.items()}}})
-    write_jsonl(paths.run_steps(runs["plain"]), [{**s, "epoch": 1, "micro_batches": micro} for s in (
-        {"step": 1, "saturated_frac": 0.75}, {"step": 2, "saturated_frac": 0.25}, {"step": 3, "saturated_frac": 0.5})])
+    write_jsonl(paths.run_steps(runs["plain"]), [{**s, "micro_batches": micro} for s in (
+        {"step": 1, "epoch": 1, "saturated_frac": 0.75}, {"step": 2, "epoch": 1, "saturated_frac": 0.25},
+        {"step": 3, "epoch": 1, "saturated_frac": 0.5}, {"step": 4, "epoch": 2, "saturated_frac": 1.0})])
     write_json(paths.run_record(runs["plain"]), {"history": []})
     # the L_HN run's log predates hn_unsaturated_frac: its training record's epoch summary answers
     write_jsonl(paths.run_steps(runs["hn"]), [{"step": 1, "epoch": 1, "saturated_frac": 1.0}])
@@ -232,6 +233,11 @@ def test_cli_writes_the_report_and_its_markdown(params, tmp_path, monkeypatch, c
     assert "| Mean pairwise caption cosine (initial backbone) | Long-DCI test captions | 0.480 | ≥ 0.5 | no |" in md
     assert "| Fine-tuning headroom: plain fine-tuning − zero-shot R@1 (points) | DOCCI I→T R@1 | 3.00 | ≥ 5 | no |" \
         in md
+    # saturation by epoch, a diagnostic: plain fine-tuning saturates fully in epoch 2; the L_HN run's old log
+    # records no L_HN share per step
+    by_epoch = {row["method"]: row["by_epoch"] for row in report["saturation_by_epoch"]}
+    assert by_epoch == {"longclip_ft": {"1": pytest.approx(0.5), "2": 1.0}, "hn_only": {"1": None}}
+    assert "| InfoNCE saturated (longclip_ft) | 0.500 | 1.00 |" in md and "## Saturation by epoch" in md
 
 
 def test_a_run_no_table_trains_is_reported_not_measured(params, tmp_path, monkeypatch):

@@ -80,6 +80,17 @@ def _verdict(met: bool | None) -> str:
     return "n/a" if met is None else ("yes" if met else "no")
 
 
+def render_saturation_by_epoch(rows: list[dict], threshold: float) -> list[str]:
+    """The share of micro-batches with InfoNCE below `threshold` (plain fine-tuning) and with L_HN at or above
+    it (the L_HN run), one column per epoch."""
+    epochs = sorted({int(e) for row in rows for e in row["by_epoch"]})
+    table = [[f"{row['measure']} ({row['method']})",
+              *(_value(row["by_epoch"].get(e, row["by_epoch"].get(str(e)))) for e in epochs)] for row in rows]
+    return [f"## Saturation by epoch (threshold {threshold:g})", "",
+            "Share of each epoch's micro-batches (from the runs' step logs).", "",
+            *markdown_table(["run", *(f"epoch {e}" for e in epochs)], table)]
+
+
 def render_markdown(report: dict) -> str:
     """results/stats/regime.md: the verdicts first, then one row per check."""
     lines = [f"# Regime preconditions (profile `{report['profile']}`)", "",
@@ -93,6 +104,8 @@ def render_markdown(report: dict) -> str:
              f"`{c['source']}`" if c["source"] else "", c["note"]]
             for p in report["preconditions"] for c in p["checks"]]
     lines += ["", *markdown_table(["precondition", "measured", "value", "target", "met", "source", "note"], rows)]
+    if report.get("saturation_by_epoch"):  # a diagnostic beside the epoch-1 shares
+        lines += ["", *render_saturation_by_epoch(report["saturation_by_epoch"], report["saturation_threshold"])]
     if report.get("edit_kinds"):  # a diagnostic beside the preconditions: which details the models perceive
         from hnclip.report.edit_kinds import render_section
         lines += ["", *render_section(report["edit_kinds"])]

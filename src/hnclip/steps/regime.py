@@ -259,6 +259,23 @@ def _edit_kinds(reg: Registry, plan: dict, reads: dict) -> dict:
             "models": models}
 
 
+def _saturation_by_epoch(reg: Registry, plan: dict, reads: dict) -> list[dict]:
+    """Per epoch of the plain fine-tuning run and of the L_HN run: the share of micro-batches with InfoNCE
+    below the threshold and with L_HN at or above it (a diagnostic beside the epoch-1 preconditions: does
+    saturation set in, and does L_HN stay alive, later in training?)."""
+    rows = []
+    for key, field, label in (("plain", "saturated_frac", "InfoNCE saturated"),
+                              ("hn", "hn_unsaturated_frac", "L_HN active")):
+        run = plan[key]["run"]
+        if run is None or not Path(paths.run_steps(run)).is_file():
+            continue
+        steps = _read(paths.run_steps(run), reads, f"steps:{run}", read_jsonl)
+        epochs = sorted({step["epoch"] for step in steps})
+        rows.append({"run": run, "method": plan[key]["method"], "measure": label,
+                     "by_epoch": {int(e): regime.epoch_share(steps, e, field) for e in epochs}})
+    return rows
+
+
 def build_regime(reg: Registry) -> list[Path]:
     """Write and return results/stats/regime.json and results/stats/regime.md."""
     from hnclip.training.step import SATURATION_THRESHOLD
@@ -270,6 +287,7 @@ def build_regime(reg: Registry) -> list[Path]:
     report = {"profile": reg.profile_name, "saturation_threshold": SATURATION_THRESHOLD, "seed": plan["seed"],
               "micro_batch": plan["micro_batch"], "runs": {key: plan[key]["run"] for key in ("plain", "hn")},
               "all_met": regime.all_met(p["met"] for p in preconditions), "preconditions": preconditions}
+    report["saturation_by_epoch"] = _saturation_by_epoch(reg, plan, reads)
     report["edit_kinds"] = _edit_kinds(reg, plan, reads)
     report["provenance"] = provenance.record("stats", inputs=reads, params={"regime_targets": plan["targets"]},
                                              wall_time_s=time.time() - started)
