@@ -80,3 +80,18 @@ def test_an_interval_straddling_the_threshold_is_inconclusive():
     verdict, ratio = _verdict([1.1, 1.4] * 6, plain)
     assert verdict == "inconclusive" and 1.1 <= ratio <= 1.4
     assert _verdict([1.4, 1.5] * 6, plain)[0] == "contradicted"
+
+
+def test_the_plan_times_the_rows_params_yaml_names(params):
+    import copy
+
+    from hnclip.config.registry import Registry
+    from hnclip.errors import UnknownNameError
+    from hnclip.steps.step_timing import step_timing_plan
+    plan = step_timing_plan(Registry(params))
+    assert list(plan["runs"]) == ["longclip_ft", "hn_clip", "goal", "structxlip"]
+    assert (plan["table"], plan["rounds"], plan["warmup"]) == ("tableA3", 10, 2)
+    bad = copy.deepcopy(params)
+    bad["derived_tables"]["tableA3"]["paired_timing"]["rows"] = ["hn_clip", "hnclip"]
+    with pytest.raises(UnknownNameError, match=r"paired_timing\.rows: unknown row\(s\) \['hnclip'\]"):
+        step_timing_plan(Registry(bad))

@@ -11,7 +11,7 @@ from pathlib import Path
 from hnclip import provenance
 from hnclip.config import paths
 from hnclip.config.registry import Registry
-from hnclip.errors import UserError
+from hnclip.errors import UnknownNameError, UserError
 from hnclip.io import write_json
 
 
@@ -22,7 +22,13 @@ def step_timing_plan(reg: Registry) -> dict | None:
     spec = reg.params["derived_tables"][table]
     if "paired_timing" not in spec:
         return None
-    runs = {row: run for row, run in reg.timed_runs(table).items() if run}
+    keys = {row["key"] for row in spec["rows"]}
+    unknown = sorted(set(spec["paired_timing"]["rows"]) - keys)
+    if unknown:
+        raise UnknownNameError(f"params.yaml: derived_tables.{table}.paired_timing.rows: unknown row(s) {unknown}; "
+                               f"allowed values: {sorted(keys)}")
+    timed = reg.timed_runs(table)
+    runs = {row: timed[row] for row in spec["paired_timing"]["rows"] if timed.get(row)}
     if len(runs) < 2:
         return None
     return {"table": table, "rounds": spec["paired_timing"]["rounds"], "warmup": spec["paired_timing"]["warmup"],
