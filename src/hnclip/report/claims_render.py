@@ -78,7 +78,9 @@ def _header(reg: Registry, frame: pd.DataFrame, boot: Bootstrap, conditions: dic
            "exactly (exact), when the rows the claim compares are equal (null) and when the effect is one R@1 "
            "point the other way (reversed). A rule whose null share is above 10 %, or not measured, cannot tell "
            "the claim from its absence: its \"supported\" is reported as **consistent**. A verdict whose estimate is "
-           "within one standard error of the decision's threshold is marked (borderline).", ""]
+           "within one standard error of the decision's threshold is marked (borderline); on the paper's numbers, "
+           "which have no interval, one where a contrast's standard error at its test sizes would move the "
+           "verdict.", ""]
     out += [f"* **{v.replace('_', ' ')}**: {meaning}" for v, meaning in VERDICT_MEANINGS.items()]
     if reg.profile_name != "paper":
         out += ["", "> The embedded miniature tests directions of effect; claims about the real benchmarks' magnitudes "
@@ -105,7 +107,7 @@ def _claim_row(rec: dict, spec: dict) -> str:
     reproduced = _format_number(rec["reproduced_value"], count)
     if not math.isnan(rec["ci_low"]):
         reproduced += f" [{_format_number(rec['ci_low'], count)}, {_format_number(rec['ci_high'], count)}]"
-    on_paper = rec["paper_verdict"].replace("_", " ")
+    on_paper = rec["paper_verdict"].replace("_", " ") + (" (borderline)" if rec.get("paper_borderline") is True else "")
     if not (isinstance(rec["paper_number"], float) and math.isnan(rec["paper_number"])):
         on_paper = f"{_format_number(rec['paper_number'], count)}: {on_paper}"
     label = "sanity check; " if rec["sanity_check"] else ""

@@ -31,7 +31,16 @@ from hnclip.report.claims_preconditions import (
 from hnclip.report.claims_sources import PaperSource, ReproducedSource
 from hnclip.report.claims_statistics import statistic_draws
 from hnclip.report.effects import CellUnavailable, format_evidence, summarise
-from hnclip.report.tie import TieModel, measured_correlation, paper_model, profile_model, resolved
+from hnclip.report.tie import (
+    Z_TIE,
+    TieModel,
+    claim_benchmarks,
+    measured_correlation,
+    paper_model,
+    profile_model,
+    resolved,
+    with_tie,
+)
 from hnclip.report.uncertainty import Bootstrap
 
 VERDICT_MEANINGS = {
@@ -50,7 +59,8 @@ VERDICT_MEANINGS = {
 VERDICTS = tuple(VERDICT_MEANINGS)
 SCORECARD_COLUMNS = [
     "claim_id", "quote", "paper_value", "reproduced_value", "ci_low", "ci_high", "verdict", "evidence", "decision",
-    "reason", "where", "paper_verdict", "paper_number", "paper_self_consistent", "tolerance", "sanity_check",
+    "reason", "where", "paper_verdict", "paper_number", "paper_self_consistent", "paper_borderline", "tolerance",
+    "sanity_check",
     "requires", "group", "group_reason", "borderline", "size", "null_support", "reversed_support",
     "specificity_note"]
 # A claim's group: the paper's own claims, or our additional checks (claims.yaml `group: additional`)
@@ -174,19 +184,41 @@ def judge_claim(claim: dict, source, conditions: dict, boot: Bootstrap, model: T
 def paper_judgement(claim: dict, conditions: dict | None = None) -> dict:
     """The claim on the paper's own numbers: its printed tables where they feed the statistic, else the
     number its text states (`paper_number`); not_testable where the paper gives neither.
-    Returns {paper_verdict, paper_statistic, paper_reason}. Ties at the paper's test sizes."""
-    claim = resolved(claim, paper_model(measured_correlation())) if "tie" not in claim else claim
-    row = judge_claim(claim, PaperSource(), conditions or paper_conditions(), Bootstrap())
+    Returns {paper_verdict, paper_statistic, paper_reason, paper_borderline}. Ties at the paper's test sizes.
+
+    The paper's numbers have no interval; its verdict is marked borderline where one standard error of a
+    contrast at its test sizes (hnclip.report.tie) decides it: a rule with a tie whose verdict differs with
+    the tie one standard error narrower or wider, or a sign or magnitude of R@1 points within one standard
+    error of its threshold."""
+    model = paper_model(measured_correlation())
+    resolved_claim = resolved(claim, model) if "tie" not in claim else claim
+    row = judge_claim(resolved_claim, PaperSource(), conditions or paper_conditions(), Bootstrap())
     if row["verdict"] in ("supported", "contradicted"):
         return {"paper_verdict": row["verdict"], "paper_statistic": row["reproduced_value"],
-                "paper_reason": "its printed tables"}
+                "paper_reason": "its printed tables",
+                "paper_borderline": _paper_borderline(claim, resolved_claim, row, model, conditions)}
     number = claim.get("paper_number")
     if number is None:
         return {"paper_verdict": "not_testable", "paper_statistic": math.nan,
-                "paper_reason": f"the paper states no number for it ({row['reason']})"}
-    decision = claim_decision(claim, real_data=True)
+                "paper_reason": f"the paper states no number for it ({row['reason']})", "paper_borderline": False}
+    decision = claim_decision(resolved_claim, real_data=True)
     return {"paper_verdict": decide(decision, float(number), math.nan, math.nan), "paper_statistic": float(number),
-            "paper_reason": "the number its text states"}
+            "paper_reason": "the number its text states", "paper_borderline": False}
+
+
+def _paper_borderline(claim: dict, resolved_claim: dict, row: dict, model: TieModel, conditions) -> bool:
+    """Whether one standard error of a contrast at the paper's test sizes moves the paper's verdict."""
+    tie = resolved_claim.get("tie")
+    if tie:  # the verdict with the tie one standard error narrower and wider
+        se = tie / Z_TIE
+        verdicts = {judge_claim(with_tie(claim, tie + step), PaperSource(), conditions or paper_conditions(),
+                                Bootstrap())["verdict"] for step in (-se, se)}
+        return len(verdicts) > 1
+    decision = claim_decision(resolved_claim, real_data=True)
+    sizes = [model.sizes[b] for b in claim_benchmarks(claim) if b in model.sizes]
+    if decision["op"] == "between" or not sizes or str(claim["statistic"].get("reduce")).startswith("count"):
+        return False  # not a difference of R@1 points against its threshold
+    return abs(row["reproduced_value"] - decision["threshold"]) < model.standard_error(min(sizes))
 
 
 def _self_consistent(verdict: str):
@@ -204,6 +236,7 @@ def scorecard(reg: Registry, boot: Bootstrap, model: TieModel | None = None) -> 
         paper = paper_judgement(claim, on_paper)
         judged = judge_claim(claim, source, conditions, boot, model)
         row = with_specificity({**judged, "paper_verdict": paper["paper_verdict"],
-                                "paper_number": paper["paper_statistic"]}, claim, measured)
+                                "paper_number": paper["paper_statistic"],
+                                "paper_borderline": paper["paper_borderline"]}, claim, measured)
         rows.append({**row, "paper_self_consistent": _self_consistent(row["paper_verdict"])})
     return pd.DataFrame(rows).reindex(columns=SCORECARD_COLUMNS)
