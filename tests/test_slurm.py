@@ -47,7 +47,8 @@ TABLE = "table3a"
 TABLE_CSV = f"results/tables/{TABLE}.csv"
 BACKBONE = "tiny_pretrained"
 DATASETS = ("docci", "pretrain")  # what Table 3a's DOCCI cell is trained and pretrained on
-GPU_RULES = ("train", "pretrain_backbone", "evaluate", "caption_stats", "auxiliary_segments")  # segments: SAM + CLIP
+GPU_RULES = ("train", "pretrain_backbone", "evaluate", "caption_stats", "auxiliary_segments",  # segments: SAM + CLIP
+             "step_timing")
 RUN_TIMEOUT_S = 900
 # What the test cluster lacks compared with a production one: no slurmdbd, so no sacct.
 TEST_CLUSTER_FLAGS = ["--slurm-status-command", "squeue", "--slurm-init-seconds-before-status-checks", "5",

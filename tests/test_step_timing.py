@@ -87,11 +87,10 @@ def test_the_plan_times_the_rows_params_yaml_names(params):
 
     from hnclip.config.registry import Registry
     from hnclip.errors import UnknownNameError
-    from hnclip.steps.step_timing import step_timing_plan
-    plan = step_timing_plan(Registry(params))
+    plan = Registry(params).paired_timing()
     assert list(plan["runs"]) == ["longclip_ft", "hn_clip", "goal", "structxlip"]
     assert (plan["table"], plan["rounds"], plan["warmup"]) == ("tableA3", 10, 2)
     bad = copy.deepcopy(params)
     bad["derived_tables"]["tableA3"]["paired_timing"]["rows"] = ["hn_clip", "hnclip"]
     with pytest.raises(UnknownNameError, match=r"paired_timing\.rows: unknown row\(s\) \['hnclip'\]"):
-        step_timing_plan(Registry(bad))
+        Registry(bad).paired_timing()

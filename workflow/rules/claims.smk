@@ -3,7 +3,6 @@
 from types import SimpleNamespace
 
 from hnclip.report.claims import claims_inputs
-from hnclip.steps.step_timing import step_timing_plan
 from hnclip.report.effects import definitions, effects_inputs
 
 BOOTSTRAP = canonical_json(config.get("bootstrap", {}))  # resamples, seed, confidence (defaults in the code)
@@ -34,15 +33,15 @@ rule step_timing:
     # The timing claims' controlled measurement: the timing table's runs take optimizer steps in turn on the
     # same batches. It takes every core, so no other job of this workflow shares the machine while it runs.
     input:
-        lambda w: sorted({str(p) for run in (step_timing_plan(REG) or {}).get("runs", {}).values()
+        lambda w: sorted({str(p) for run in (REG.paired_timing() or {}).get("runs", {}).values()
                           for group in train_inputs(SimpleNamespace(run=run)).values()
                           for p in ([group] if isinstance(group, (str, Path)) else group)}),
     output:
         "results/stats/step_timing.json",
     params:
-        plan=lambda w: canonical_json(step_timing_plan(REG)),
+        plan=lambda w: canonical_json(REG.paired_timing()),
         specs=lambda w: canonical_json({row: REG.run(run).canonical()
-                                        for row, run in (step_timing_plan(REG) or {}).get("runs", {}).items()}),
+                                        for row, run in (REG.paired_timing() or {}).get("runs", {}).items()}),
     log:
         f"logs/{PROFILE}/stats/step_timing.log",
     benchmark:

@@ -296,6 +296,26 @@ class Registry:
                 out[row["key"]] = run_id
         return out
 
+    def paired_timing(self) -> dict | None:
+        """{table, rounds, warmup, runs: {row: run id}} of the timing table's `paired_timing` (the timing
+        claims' measurement, hnclip.steps.step_timing): its rows' planned runs; None where the table declares
+        none or fewer than two of its rows are planned."""
+        table = self.derived_table("timing")
+        spec = self.params["derived_tables"][table]
+        if "paired_timing" not in spec:
+            return None
+        keys = {row["key"] for row in spec["rows"]}
+        unknown = sorted(set(spec["paired_timing"]["rows"]) - keys)
+        if unknown:
+            raise UnknownNameError(f"params.yaml: derived_tables.{table}.paired_timing.rows: unknown row(s) "
+                                   f"{unknown}; allowed values: {sorted(keys)}")
+        timed = self.timed_runs(table)
+        runs = {row: timed[row] for row in spec["paired_timing"]["rows"] if timed.get(row)}
+        if len(runs) < 2:
+            return None
+        return {"table": table, "rounds": spec["paired_timing"]["rounds"], "warmup": spec["paired_timing"]["warmup"],
+                "runs": runs}
+
     def released_costs(self, run_id: str) -> dict[str, bool]:
         """The cost-only steps of a baseline's released code (GOAL: a second forward of both towers,
         autograd anomaly detection) that this run executes. They change no weight, only time, so they

@@ -38,7 +38,6 @@ from hnclip.report.claims_render import to_markdown
 from hnclip.report.claims_verdicts import VERDICTS, scorecard
 from hnclip.report.tie import SEED_TABLE, Z_TIE, profile_model
 from hnclip.report.uncertainty import Bootstrap, BootstrapSettings
-from hnclip.steps.step_timing import step_timing_plan
 
 __all__ = ["CLAIMS_CSV", "CLAIMS_MD", "CLAIMS_PROVENANCE", "VERDICTS", "build_claims", "claims_inputs",
            "evidence_files"]
@@ -59,7 +58,7 @@ def claims_inputs(reg: Registry) -> list[Path]:
     files += [paths.stats(b) for b in reg.params["benchmarks"]]
     files += [paths.table(t, "csv") for t, spec in reg.params.get("derived_tables", {}).items()
               if spec["kind"] == "timing" and t in named]
-    plan = step_timing_plan(reg)
+    plan = reg.paired_timing()
     files += [paths.step_timing()] if plan and plan["table"] in named else []
     probed = {s["probe"]["figure"] for c in claims for s in statistic_leaves(c["statistic"]) if "probe" in s}
     files += sorted({paths.run_record(cell.run_id) for name in probed if name in reg.params["figures"]

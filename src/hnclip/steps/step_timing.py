@@ -11,34 +11,14 @@ from pathlib import Path
 from hnclip import provenance
 from hnclip.config import paths
 from hnclip.config.registry import Registry
-from hnclip.errors import UnknownNameError, UserError
+from hnclip.errors import UserError
 from hnclip.io import write_json
-
-
-def step_timing_plan(reg: Registry) -> dict | None:
-    """{table, rounds, warmup, runs: {row: run id}} of the timing table's planned runs; None where the
-    profile builds no timing table or it declares no `paired_timing`."""
-    table = reg.derived_table("timing")
-    spec = reg.params["derived_tables"][table]
-    if "paired_timing" not in spec:
-        return None
-    keys = {row["key"] for row in spec["rows"]}
-    unknown = sorted(set(spec["paired_timing"]["rows"]) - keys)
-    if unknown:
-        raise UnknownNameError(f"params.yaml: derived_tables.{table}.paired_timing.rows: unknown row(s) {unknown}; "
-                               f"allowed values: {sorted(keys)}")
-    timed = reg.timed_runs(table)
-    runs = {row: timed[row] for row in spec["paired_timing"]["rows"] if timed.get(row)}
-    if len(runs) < 2:
-        return None
-    return {"table": table, "rounds": spec["paired_timing"]["rounds"], "warmup": spec["paired_timing"]["warmup"],
-            "runs": runs}
 
 
 def step_timing_inputs(reg: Registry) -> list[Path]:
     """What the measurement reads: the initial weights, the training set and the runs' auxiliary inputs
     (no torch import: the Snakefile asks)."""
-    plan = step_timing_plan(reg)
+    plan = reg.paired_timing()
     if plan is None:
         return []
     backbone = reg.backbone_spec()
@@ -52,7 +32,7 @@ def build_step_timing(reg: Registry) -> list[Path]:
     """results/stats/step_timing.json: each row's optimizer-step seconds per round, with provenance."""
     from hnclip.training.jobs import finetune_job
     from hnclip.training.step_timing import paired_step_times
-    plan = step_timing_plan(reg)
+    plan = reg.paired_timing()
     if plan is None:
         raise UserError("this profile plans no paired timing (a timing table with `paired_timing` and at least "
                         "two implemented rows)")
