@@ -238,6 +238,8 @@ def test_profile_gives_every_rule_resources_and_gpu_rules_a_gpu():
         # a runtime here would replace the one the rule books from `hnclip plan`'s estimate
         assert ("runtime" in res) == (rule not in PLANNED_RULES), rule
         assert (res.get("gpu", 0) >= 1) == (rule in GPU_RULES), rule
+    # the paired step timing claims every core on one machine; on a cluster, a node's share like its booking
+    assert profile["set-threads"] == {"step_timing": resources["step_timing"]["cpus_per_task"]}
     rule_text = "".join(smk.read_text() for smk in (ROOT / "workflow" / "rules").glob("*.smk"))
     for rule in PLANNED_RULES:
         assert f'runtime=planned_runtime("{rule}", ' in rule_text, rule
