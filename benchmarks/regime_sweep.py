@@ -271,14 +271,26 @@ def _fresh_plain_finetune_job(reg, method: str = "longclip_ft"):
     return run_id, job
 
 
+def sibling_micro_batches(families: list[list[int]], indices: list[int], micro_batch: int, seed: int,
+                          epoch: int) -> list[list[int]]:
+    """The oracle's micro-batches of one epoch: the families (lists of row indices) shuffled by (seed, epoch),
+    each family's rows side by side, cut into micro-batches (an incomplete tail dropped, as the loop does)."""
+    import torch
+    wanted = set(indices)
+    groups = [g for g in ([i for i in members if i in wanted] for members in families) if g]
+    generator = torch.Generator().manual_seed(seed * 1000 + epoch)
+    order = [i for k in torch.randperm(len(groups), generator=generator).tolist() for i in groups[k]]
+    return [order[i:i + micro_batch] for i in range(0, len(order) - micro_batch + 1, micro_batch)]
+
+
 @contextlib.contextmanager
 def sibling_batches(reg, enabled: bool):
     """While fine-tuning with `enabled`: the loop's (and its loader's) micro-batches put both siblings of every
-    family side by side (families shuffled per (seed, epoch)), so each 16-pair micro-batch holds 8 families."""
+    family side by side (`sibling_micro_batches`), so each 16-pair micro-batch holds 8 families."""
     if not enabled:
         yield
         return
-    import torch
+    import functools
 
     from hnclip.data.manifest import read_manifest
     from hnclip.data.synthetic import family_of
@@ -287,14 +299,7 @@ def sibling_batches(reg, enabled: bool):
     families: dict[str, list[int]] = {}
     for index, row in enumerate(rows):
         families.setdefault(family_of(row.id), []).append(index)
-
-    def oracle(indices, micro_batch, seed, epoch):
-        wanted = set(indices)
-        groups = [[i for i in members if i in wanted] for members in families.values()]
-        groups = [g for g in groups if g]
-        generator = torch.Generator().manual_seed(seed * 1000 + epoch)
-        order = [i for k in torch.randperm(len(groups), generator=generator).tolist() for i in groups[k]]
-        return [order[i:i + micro_batch] for i in range(0, len(order) - micro_batch + 1, micro_batch)]
+    oracle = functools.partial(sibling_micro_batches, list(families.values()))
     originals = loop.epoch_micro_batches, feeding.epoch_micro_batches
     loop.epoch_micro_batches = feeding.epoch_micro_batches = oracle
     try:

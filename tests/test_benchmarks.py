@@ -347,3 +347,15 @@ def test_ci_walltime_runs_the_ci_command_on_a_clone_of_head_and_records_its_phas
     assert ci_walltime.main(args) == 1
     failed = read_lines(out)[1]
     assert failed["exit_status"] == 1 and failed["outcome"] == {"failed": 1, "passed": 1}
+
+
+def test_the_regime_sweeps_oracle_batches_siblings_together():
+    """benchmarks/regime_sweep.py's oracle: every micro-batch holds whole families, reshuffled each epoch."""
+    import regime_sweep
+    families = [[2 * k, 2 * k + 1] for k in range(32)]   # 64 rows in families of 2
+    epoch0 = regime_sweep.sibling_micro_batches(families, list(range(64)), 16, seed=42, epoch=0)
+    assert len(epoch0) == 4 and sorted(i for batch in epoch0 for i in batch) == list(range(64))
+    assert all({i // 2 for i in batch} == {i // 2 for i in batch if i % 2 == 0} and len({i // 2 for i in batch}) == 8
+               for batch in epoch0)  # 8 whole families in each
+    assert epoch0 == regime_sweep.sibling_micro_batches(families, list(range(64)), 16, seed=42, epoch=0)
+    assert epoch0 != regime_sweep.sibling_micro_batches(families, list(range(64)), 16, seed=42, epoch=1)
