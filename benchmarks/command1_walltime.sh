@@ -10,6 +10,9 @@ work=${1:-$(mktemp -d)/hnclip-repro}
 git clone -q "$here" "$work"
 ln -s "$here/.venv" "$work/.venv"
 cd "$work"
+# the linked venv installs hnclip editable from $here/src: the clone's own source must win, or the run
+# would execute (and record as the clone's commit) whatever the main checkout holds uncommitted
+export PYTHONPATH="$work/src"
 export DVC_NO_ANALYTICS=1
 # This VM's speed drifts (the same GEMM ran at 75 and at 42 GFLOPS an hour apart): record it with the time.
 gflops() { "$here/.venv/bin/python" "$here/benchmarks/command1_costs.py" --gemm-gflops; }

@@ -19,7 +19,7 @@ from hnclip.report.claims_definitions import (
     rule_specificity,
 )
 from hnclip.report.claims_verdicts import is_borderline, with_specificity
-from hnclip.report.tie import with_tie
+from hnclip.report.tie import paper_model, resolved, with_tie
 from hnclip.report.uncertainty import Bootstrap, BootstrapSettings
 
 SIMS = 200
@@ -93,9 +93,30 @@ def test_the_null_world_makes_the_compared_rows_equal_and_the_reversed_moves_the
     best = max(printed("table1", row, DOCCI_T2I) for row in ("longclip_zeroshot", "finelip", "goal", "structxlip"))
     assert margin.truth("table1", "hn_clip", DOCCI_T2I, None) == best
     assert S.claim_direction(CLAIMS["transfer_others_give_up"]) == -1
-    # closeness claims and probes have no null world of rows
-    assert isinstance(S.world_of(CLAIMS["seeds_reproduce_within_04"], "null"), str)
+    # probes have no null world of rows
     assert isinstance(S.world_of(CLAIMS["saturation_epoch1"], "null"), str)
+
+
+def test_a_closeness_claim_sits_on_the_edges_of_its_band_in_its_null_world():
+    model = paper_model(read_json(SPECIFICITY_FILE)["settings"]["correlation"])
+    part = ("long_dci", "t2i", "R@1")
+    seeds = resolved(CLAIMS["seeds_reproduce_within_04"], model)
+    bound = seeds["decision"]["threshold"]
+    assert bound == pytest.approx(0.4 + 2 * model.tie(CLAIMS["seeds_reproduce_within_04"]))
+    for kind, beyond in (("null", 0.0), ("reversed", S.SHIFT)):
+        above, below = S.world_of(seeds, kind)
+        for method in ("hn_clip", "goal", "structxlip"):
+            first = printed("tableA8", f"{method}/seed=42", part)
+            assert above.truth("tableA8", f"{method}/seed=43", part, None) == pytest.approx(first + bound + beyond)
+            assert below.truth("tableA8", f"{method}/seed=43", part, None) == pytest.approx(first - bound - beyond)
+            assert above.truth("tableA8", f"{method}/seed=42", part, None) == first
+    # a band on a signed statistic: the paper's pooled difference moved onto each edge
+    band = resolved(CLAIMS["token_branch_alone_inert"], model)
+    cells = [(b, d, "R@1") for b in ("dci", "long_dci") for d in ("t2i", "i2t")]
+    for world, edge in zip(S.world_of(band, "null"), (band["decision"]["low"], band["decision"]["high"])):
+        pooled = np.mean([world.truth("table3b", "tok=1,hn=0", c, None) - world.truth("table3b", "tok=0,hn=0", c, None)
+                          for c in cells])
+        assert pooled == pytest.approx(edge, abs=0.01)
 
 
 def test_a_trajectory_is_flat_in_its_null_world():

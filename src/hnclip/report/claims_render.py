@@ -75,8 +75,9 @@ def _header(reg: Registry, frame: pd.DataFrame, boot: Bootstrap, conditions: dic
            "by construction (L_HN is L_CLIP on logits shifted by γG ≥ 0) and are judged per run.", "",
            "Each rule was also run on simulated reproductions at the paper's test sizes "
            "(src/hnclip/report/claims_specificity.json): how often it says supported when the paper is reproduced "
-           "exactly (exact), when the rows the claim compares are equal (null) and when the effect is one R@1 "
-           "point the other way (reversed). A rule whose null share is above 10 %, or not measured, cannot tell "
+           "exactly (exact), when the rows the claim compares are equal (null; for a claim of closeness, when their "
+           "difference sits on an edge of its band) and when the effect is one R@1 point the other way "
+           "(reversed). A rule whose null share is above 10 %, or not measured, cannot tell "
            "the claim from its absence: its \"supported\" is reported as **consistent**. A verdict whose estimate is "
            "within one standard error of the decision's threshold is marked (borderline); on the paper's numbers, "
            "which have no interval, one where a contrast's standard error at its test sizes would move the "

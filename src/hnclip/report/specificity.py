@@ -16,9 +16,13 @@ here). This module asks the other side, in two more simulated worlds at the same
 supported there. Simulated: the claims whose statistic reads retrieval cells (contrasts, spreads,
 trajectories, order checks) and states a direction (a decision `>`, `>=`, `<` or `<=` on a signed
 reducer), and the paired timing claims (`TimingWorld`: null, the true ratio of step times on the decision's
-threshold; reversed, TIMING_SHIFT times beyond it). Closeness claims ("between", `abs_mean`, `max_abs`: the
-claimed effect *is* equality), and claims on gradient probes or caption statistics, are not: their null
-world is not a change of rows, and their specificity is NaN with the reason in `specificity_note`.
+threshold; reversed, TIMING_SHIFT times beyond it). A closeness claim on retrieval cells (a band,
+"between", or a bound on `abs_mean` / `max_abs`: the claimed effect *is* a small difference) has the
+equivalence test's worlds (`closeness_worlds`): null, its statistic's truth on an edge of the band (every
+compared a row at its b row plus the bound, or shifted so the paper's number lands on the band's edge);
+reversed, SHIFT beyond the edge; one world per edge, the larger support counts. Claims on gradient probes
+or caption statistics are not simulated: their null world is not a change of rows, and their specificity
+is NaN with the reason in `specificity_note`.
 
 `python -m hnclip.report.specificity` measures every rule at the paper's test sizes (Table A1), with its
 `size` from the calibration, and writes `claims_specificity.json` beside claims.yaml, each entry with the
@@ -81,11 +85,15 @@ def claim_direction(claim: dict) -> int | None:
 class World:
     """A truth for the simulated reproduction's cells other than the paper's printed numbers.
     `equal[(table, row)]`: Equalities, the first that covers a cell's benchmark sets its truth; `flat`
-    rows keep their best value at every epoch."""
+    rows keep their best value at every epoch; `offset` R@1 points are added to a row's truth."""
     equal: dict[tuple[str, str], list[Equality]] = field(default_factory=dict)
     flat: set[tuple[str, str]] = field(default_factory=set)
+    offset: dict[tuple[str, str], float] = field(default_factory=dict)
 
     def truth(self, table: str, row: str, part: tuple[str, str, str], selection, depth: int = 0) -> float:
+        return self._truth(table, row, part, selection, depth) + self.offset.get((table, row), 0.0)
+
+    def _truth(self, table: str, row: str, part: tuple[str, str, str], selection, depth: int) -> float:
         key = (table, row)
         rule = next((e for e in self.equal.get(key, []) if e.benchmarks is None or part[0] in e.benchmarks), None)
         if rule is not None and depth < 8:  # depth: a chain of equalities, never a cycle's loop
@@ -154,18 +162,50 @@ class TimingWorld:
     ratio: float
 
 
-def world_of(claim: dict, kind: str) -> World | TimingWorld | str:
-    """The claim's null or reversed world, or why it has none."""
+PROBES = "not a comparison of retrieval cells or a paired timing (gradient probes, caption statistics)"
+
+
+def closeness_worlds(claim: dict, kind: str) -> list[World] | str:
+    """A closeness claim's worlds, its thresholds resolved (hnclip.report.tie.resolved), one per edge of its
+    band: the claimed closeness just absent, the statistic's truth on the edge (null), or SHIFT beyond it
+    (reversed). A bound on |a − b| (`abs_mean`, `max_abs`): every a row at its b row ± the bound; a band
+    ("between") on a signed statistic: every a row moved so that the paper's number lands on the edge."""
+    decision, statistic = claim.get("real_data_decision", claim["decision"]), claim["statistic"]
+    spec = statistic.get("contrast")
+    if spec is None:
+        return "a closeness claim on more than one contrast: no world of its own"
+    table, b_table = spec["table"], spec.get("b_table", spec["table"])
+    beyond = SHIFT if kind == "reversed" else 0.0
+    worlds = []
+    if statistic.get("reduce") in ("abs_mean", "max_abs") and decision["op"] in ("<", "<="):
+        for edge in (decision["threshold"] + beyond, -decision["threshold"] - beyond):
+            world = World()
+            for a, b in spec["pairs"]:
+                sources = [row_of(row, b_table)[::-1] for row in ([b] if isinstance(b, str) else b)]
+                world.equal[table, a] = [Equality(sources, spec.get("b_rank", 1), edge)]
+            worlds.append(world)
+    elif decision["op"] == "between" and claim.get("paper_number") is not None:
+        for edge in (decision["low"] - beyond, decision["high"] + beyond):
+            moved = edge - float(claim["paper_number"])
+            worlds.append(World(offset={(table, a): moved for a, _ in spec["pairs"]}))
+    else:
+        return "a closeness claim whose band is not a bound on a contrast"
+    return worlds
+
+
+def world_of(claim: dict, kind: str) -> World | list[World] | TimingWorld | str:
+    """The claim's null or reversed world (a closeness claim's: one per edge of its band), or why it has
+    none. A closeness claim's thresholds must be resolved."""
     direction = claim_direction(claim)
+    if not batchable(claim["statistic"]) and "paired_timing" not in claim["statistic"]:
+        return PROBES
     if direction is None:
-        return "a closeness claim: its null world is the claim itself"
+        return closeness_worlds(claim, kind)
     if "paired_timing" in claim["statistic"]:
         # the ratio the claim bounds sits on its threshold (null), or TIMING_SHIFT beyond it (reversed)
         spec, decision = claim["statistic"]["paired_timing"], claim.get("real_data_decision", claim["decision"])
         ratio = decision["threshold"] * (TIMING_SHIFT ** -direction if kind == "reversed" else 1.0)
         return TimingWorld(spec["table"], spec["numerator"], spec["denominator"], ratio)
-    if not batchable(claim["statistic"]):
-        return "not a comparison of retrieval cells or a paired timing (gradient probes, caption statistics)"
     world = World()
     shift = [-direction * SHIFT if kind == "reversed" else 0.0]
     if not _leaves_into(claim["statistic"], world, shift):
@@ -266,9 +306,10 @@ def specificity(claims: list[dict], n_sims: int = 200, resamples: int = 100, see
             if isinstance(world, TimingWorld):
                 row[f"{kind}_support"] = _timing_support(claim, pool, rng, world, n_sims)
                 continue
-            cells = WorldCells(pool, rng, n_sims, world, correlation, model.seed_sd)
-            verdicts = batch_verdicts(claim, cells, decision)
-            row[f"{kind}_support"] = sum(v == "supported" for v in verdicts) / n_sims
+            row[f"{kind}_support"] = max(
+                sum(v == "supported" for v in batch_verdicts(
+                    claim, WorldCells(pool, rng, n_sims, edge, correlation, model.seed_sd), decision)) / n_sims
+                for edge in (world if isinstance(world, list) else [world]))
         rows.append(row)
     return pd.DataFrame(rows)
 
