@@ -111,6 +111,8 @@ def test_a_closeness_claim_sits_on_the_edges_of_its_band_in_its_null_world():
             assert below.truth("tableA8", f"{method}/seed=43", part, None) == pytest.approx(first - bound - beyond)
             assert above.truth("tableA8", f"{method}/seed=42", part, None) == first
     # a band on a signed statistic: the paper's pooled difference moved onto each edge
+    with pytest.raises(ValueError, match="resolve its tie expressions"):
+        S.world_of(CLAIMS["seeds_reproduce_within_04"], "null")
     band = resolved(CLAIMS["token_branch_alone_inert"], model)
     cells = [(b, d, "R@1") for b in ("dci", "long_dci") for d in ("t2i", "i2t")]
     for world, edge in zip(S.world_of(band, "null"), (band["decision"]["low"], band["decision"]["high"])):

@@ -175,6 +175,8 @@ def closeness_worlds(claim: dict, kind: str) -> list[World] | str:
     if spec is None:
         return "a closeness claim on more than one contrast: no world of its own"
     table, b_table = spec["table"], spec.get("b_table", spec["table"])
+    if any(isinstance(decision.get(k), str) for k in ("threshold", "low", "high")):
+        raise ValueError(f"claim {claim['claim_id']}: resolve its tie expressions first (hnclip.report.tie.resolved)")
     beyond = SHIFT if kind == "reversed" else 0.0
     worlds = []
     if statistic.get("reduce") in ("abs_mean", "max_abs") and decision["op"] in ("<", "<="):
