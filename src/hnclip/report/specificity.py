@@ -120,6 +120,11 @@ def _selection_key(selection):
     return "best" if selection is None else selection
 
 
+def _b_sources(b: str | list[str], b_table: str) -> list[tuple[str, str]]:
+    """A contrast's b side as (table, row) pairs: one row or several, each possibly "row@table"."""
+    return [row_of(row, b_table)[::-1] for row in ([b] if isinstance(b, str) else b)]
+
+
 def _leaves_into(statistic: dict, world: World, shift: list[float]) -> bool:
     """Make every leaf of `statistic` null in `world`; the first contrast takes the pending `shift`.
     False where a leaf is not a comparison of rows."""
@@ -136,7 +141,7 @@ def _leaves_into(statistic: dict, world: World, shift: list[float]) -> bool:
         # a moved contrast moves its own benchmarks only: another leaf may compare the same rows elsewhere
         benchmarks = frozenset(spec["columns"]["benchmarks"]) if moved else None
         for a, b in spec["pairs"]:
-            sources = [row_of(row, b_table)[::-1] for row in ([b] if isinstance(b, str) else b)]  # (table, row)
+            sources = _b_sources(b, b_table)
             world.equal.setdefault((table, a), []).append(
                 Equality(sources, spec.get("b_rank", 1), moved, selections, benchmarks))
         return True
@@ -183,8 +188,7 @@ def closeness_worlds(claim: dict, kind: str) -> list[World] | str:
         for edge in (decision["threshold"] + beyond, -decision["threshold"] - beyond):
             world = World()
             for a, b in spec["pairs"]:
-                sources = [row_of(row, b_table)[::-1] for row in ([b] if isinstance(b, str) else b)]
-                world.equal[table, a] = [Equality(sources, spec.get("b_rank", 1), edge)]
+                world.equal[table, a] = [Equality(_b_sources(b, b_table), spec.get("b_rank", 1), edge)]
             worlds.append(world)
     elif decision["op"] == "between" and claim.get("paper_number") is not None:
         for edge in (decision["low"] - beyond, decision["high"] + beyond):
