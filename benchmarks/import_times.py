@@ -39,7 +39,7 @@ DEFAULT_OUT = ROOT / "benchmarks" / "results" / "import_times.jsonl"
 # What the processes of command 1 and of the test suite start with: the model library, the workflow and
 # DVC command lines, plotting, and the project's own command line (which imports the rest lazily).
 MODULES = ("open_clip", "torch", "snakemake.cli", "dvc.cli", "matplotlib.pyplot", "hnclip.cli",
-           "hnclip.steps.train")
+           "hnclip.commands.train")
 CONDITIONS = ("compiled", "from_source", "project_from_source")
 PROJECT_PACKAGE = "hnclip"
 

@@ -224,7 +224,7 @@ def paper_registry():
 
 def long_caption(caption: str, count_tokens: Callable[[str], int], context: int) -> str:
     """The caption's sentences repeated until it is longer than the context (it fills all of it)."""
-    from hnclip.data.auxiliary.lism import sentences
+    from hnclip.auxiliary.lism import sentences
     parts, extra = [caption], sentences(caption)
     k = 0
     while count_tokens(" ".join(parts)) <= context:
@@ -259,9 +259,9 @@ def prepare_longclip(work: Path, layers: int | None, aux: dict) -> dict:
     CPU segmenter, this Long-CLIP as matcher)."""
     import torch
 
-    from hnclip.data.auxiliary.edges import EdgeSettings, build_edges
-    from hnclip.data.auxiliary.lism import LismSettings, backbone_encoders, build_lism
-    from hnclip.data.auxiliary.segments import CpuSegmenter
+    from hnclip.auxiliary.edges import EdgeSettings, build_edges
+    from hnclip.auxiliary.lism import LismSettings, backbone_encoders, build_lism
+    from hnclip.auxiliary.segments import CpuSegmenter
     from hnclip.hashing import file_sha256
     from hnclip.models.factory import load_backbone
     from hnclip.rehearsal.models import save_longclip_checkpoint
@@ -328,7 +328,7 @@ def prepare_clip(folder: Path, layers: int | None) -> dict:
 PRELOAD = ("torch", "open_clip", "peft", "transformers.pipelines", "transformers.models.sam.modeling_sam",
            "transformers.models.clip.modeling_clip", "hnclip.training.loop", "hnclip.models.longclip",
            "hnclip.models.adapters", "hnclip.losses.finelip", "hnclip.losses.goal", "hnclip.losses.structxlip",
-           "hnclip.data.auxiliary.batches", "hnclip.data.auxiliary.lism", "hnclip.data.auxiliary.edges",
+           "hnclip.auxiliary.batches", "hnclip.auxiliary.lism", "hnclip.auxiliary.edges",
            "hnclip.rehearsal.models", "throughput")
 
 
@@ -536,7 +536,7 @@ def run_sam(folder: Path, prepared: dict, aux: dict, threads: int, points_per_si
     import torch
     from PIL import Image
 
-    from hnclip.data.auxiliary.segments import SamSegmenter, segments_of
+    from hnclip.auxiliary.segments import SamSegmenter, segments_of
     from hnclip.data.manifest import read_manifest
     torch.set_num_threads(threads)
     image_path = read_manifest(prepared["manifest"])[0].image
@@ -566,7 +566,7 @@ def run_clip(folder: Path, prepared: dict, threads: int) -> dict:
     import torch
     from PIL import Image
 
-    from hnclip.data.auxiliary.lism import hf_clip_encoders, match_sentences, sentences
+    from hnclip.auxiliary.lism import hf_clip_encoders, match_sentences, sentences
     from hnclip.data.manifest import read_manifest
     torch.set_num_threads(threads)
     row = read_manifest(prepared["manifest"])[0]

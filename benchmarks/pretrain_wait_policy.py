@@ -88,9 +88,9 @@ def run_condition(steps: int, threads: int, scratch: Path) -> dict:
 
 
 def build_corpus(steps: int, threads: int, scratch: Path) -> None:
+    from hnclip.commands.data import build_dataset
     from hnclip.config.constants import PRETRAIN_ROLE
     from hnclip.config.registry import Registry
-    from hnclip.steps.data import build_dataset
     reg = Registry(child_params(steps, threads, scratch / "data"), validate=False)
     build_dataset(reg, PRETRAIN_ROLE)
 

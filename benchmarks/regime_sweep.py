@@ -8,7 +8,7 @@
 One trial overrides the `tiny` profile's params in memory (params.yaml is read, never written), builds the
 DOCCI-like benchmark and the pretraining corpus, pretrains the backbone and fine-tunes plain InfoNCE
 (`longclip_ft`) for one epoch, all in a scratch directory (default /tmp/regime_sweep), through the
-library's own jobs (`hnclip.steps.data.build_dataset`, `hnclip.training.jobs.pretrain_job` /
+library's own jobs (`hnclip.commands.data.build_dataset`, `hnclip.training.jobs.pretrain_job` /
 `finetune_job`, `hnclip.training.loop.train`). It measures the regime preconditions the pipeline's
 `regime` rule checks (params.yaml `regime_targets`) and appends one JSON line to
 benchmarks/results/regime_sweep.jsonl:
@@ -176,8 +176,8 @@ def build_params(settings: dict, config_name: str, data_root: Path) -> dict:
 
 # ---- steps -------------------------------------------------------------------------------------------
 def build_data(reg, roles: list[str]) -> float:
+    from hnclip.commands.data import build_dataset
     from hnclip.config import paths
-    from hnclip.steps.data import build_dataset
     started = time.time()
     for role in roles:
         if not (paths.dataset_dir(reg.profile["data_root"], role) / "dataset.json").is_file():
@@ -234,11 +234,11 @@ def pretrain(reg, scale: float | None) -> dict:
 def geometry(reg) -> dict:
     import torch
 
+    from hnclip.commands.stats import _encode
     from hnclip.config import paths
     from hnclip.data.manifest import read_manifest
     from hnclip.evaluation.caption_geometry import caption_geometry, length_statistics
     from hnclip.models.factory import load_weights
-    from hnclip.steps.stats import _encode
     backbone = load_weights(paths.backbone_weights(BACKBONE, "pretrained_here", ""))
     captions = [row.caption for row in read_manifest(reg.test_manifest("docci"), check_images=False)]
     model = backbone.model.eval()

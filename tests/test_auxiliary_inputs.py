@@ -11,14 +11,14 @@ import torch
 from helpers.auxiliary import BLUE, GRAY, RED, SCENES, canvas, colour_encoders, write_scenes
 from PIL import Image
 
-from hnclip.data.auxiliary.edges import (
+from hnclip.auxiliary.edges import (
     EdgeSettings,
     build_edges,
     canny_thresholds,
     edge_map,
     top_matches,
 )
-from hnclip.data.auxiliary.lism import (
+from hnclip.auxiliary.lism import (
     LismImage,
     LismSettings,
     backbone_encoders,
@@ -30,7 +30,7 @@ from hnclip.data.auxiliary.lism import (
     segment_or_fallback,
     sentences,
 )
-from hnclip.data.auxiliary.segments import (
+from hnclip.auxiliary.segments import (
     CpuSegmenter,
     SamSegmenter,
     mask_bbox,

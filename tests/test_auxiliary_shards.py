@@ -1,4 +1,4 @@
-"""Resumable, sharded auxiliary builds (hnclip.data.auxiliary.shards): a build killed between shards
+"""Resumable, sharded auxiliary builds (hnclip.auxiliary.shards): a build killed between shards
 keeps its finished shards untouched, a rerun skips them and writes an index byte-identical to an
 uninterrupted run's, and a shard made from other inputs is never reused."""
 from __future__ import annotations
@@ -13,12 +13,12 @@ from types import SimpleNamespace
 import pytest
 from helpers.auxiliary import Counting, CountingSegmenter, colour_encoders, write_scenes, write_synthetic
 
+from hnclip.auxiliary import edges as edges_module
+from hnclip.auxiliary.edges import EdgeSettings, build_edges
+from hnclip.auxiliary.lism import LismSettings, build_lism
+from hnclip.auxiliary.segments import CpuSegmenter
+from hnclip.auxiliary.shards import EXIT_AFTER_ENV, EXIT_CODE, build_sharded, shard_path
 from hnclip.config.paths import shard_dir
-from hnclip.data.auxiliary import edges as edges_module
-from hnclip.data.auxiliary.edges import EdgeSettings, build_edges
-from hnclip.data.auxiliary.lism import LismSettings, build_lism
-from hnclip.data.auxiliary.segments import CpuSegmenter
-from hnclip.data.auxiliary.shards import EXIT_AFTER_ENV, EXIT_CODE, build_sharded, shard_path
 from hnclip.hashing import file_sha256
 from hnclip.io import write_jsonl
 from hnclip.rehearsal.mirror import SAM_IMAGE_SIZE

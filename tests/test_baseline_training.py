@@ -9,9 +9,9 @@ import torch
 import yaml
 from helpers.training import EVALUATION, EXECUTION, SPEC
 
-from hnclip.data.auxiliary.edges import EdgeSettings, build_edges
-from hnclip.data.auxiliary.lism import LismSettings, backbone_encoders, build_lism
-from hnclip.data.auxiliary.segments import CpuSegmenter
+from hnclip.auxiliary.edges import EdgeSettings, build_edges
+from hnclip.auxiliary.lism import LismSettings, backbone_encoders, build_lism
+from hnclip.auxiliary.segments import CpuSegmenter
 from hnclip.io import read_jsonl, write_jsonl
 from hnclip.models.factory import create
 from hnclip.training.loop import TrainJob, train

@@ -1,4 +1,4 @@
-"""The claims scorecard and the effects (hnclip.report.claims*, hnclip.report.effects): every claim of
+"""The claims scorecard and the effects (hnclip.claims.scorecard*, hnclip.report.effects): every claim of
 claims.yaml on the paper's own numbers, on fake results built from them (per-query ranks, evaluation
 and table records in the pipeline's formats) and on fake results made to give each verdict; verdicts
 gated on the regime report's preconditions; the contrasts the effects draw against the paper's
@@ -15,25 +15,19 @@ import pandas as pd
 import pytest
 import yaml
 
-from hnclip.cli import main
-from hnclip.config import paths
-from hnclip.config.cells import canonical_row
-from hnclip.config.registry import NOT_IMPLEMENTED, Registry
-from hnclip.report import effects as E
-from hnclip.report import regime
-from hnclip.report.claims import claims_inputs, evidence_files
-from hnclip.report.claims_definitions import claim_definitions
-from hnclip.report.claims_preconditions import (
+from hnclip.claims.definitions import claim_definitions
+from hnclip.claims.evidence import PaperSource, ReproducedSource
+from hnclip.claims.markdown import to_markdown
+from hnclip.claims.preconditions import (
     REGIME_CONDITIONS,
     Condition,
     paper_conditions,
     profile_conditions,
     regime_conditions,
 )
-from hnclip.report.claims_render import to_markdown
-from hnclip.report.claims_sources import PaperSource, ReproducedSource
-from hnclip.report.claims_statistics import REDUCERS, TRAJECTORY_MEASURES, statistic_draws, statistic_items
-from hnclip.report.claims_verdicts import (
+from hnclip.claims.scorecard import claims_inputs, evidence_files
+from hnclip.claims.statistics import REDUCERS, TRAJECTORY_MEASURES, statistic_draws, statistic_items
+from hnclip.claims.verdicts import (
     SCORECARD_COLUMNS,
     VERDICTS,
     decide,
@@ -41,6 +35,12 @@ from hnclip.report.claims_verdicts import (
     judge_claim,
     paper_judgement,
 )
+from hnclip.cli import main
+from hnclip.config import paths
+from hnclip.config.cells import canonical_row
+from hnclip.config.registry import NOT_IMPLEMENTED, Registry
+from hnclip.report import effects as E
+from hnclip.report import regime
 from hnclip.report.paper_reference import known_inconsistencies, paper_table, stated_deltas, table_meta, table_names
 from hnclip.report.uncertainty import Bootstrap, BootstrapSettings
 

@@ -1,6 +1,6 @@
 """The claims' decision rules against simulated exact reproductions of the paper
-(hnclip.report.calibration): each rule's `size` (the share of 200 simulated reproductions at the paper's
-test-set sizes it calls supported) is what claims_specificity.json records, on another simulation seed
+(hnclip.claims.calibration): each rule's `size` (the share of 200 simulated reproductions at the paper's
+test-set sizes it calls supported) is what specificity.json records, on another simulation seed
 than the file's; a rule below 90 % reports "consistent" at best (the gate, tests/test_claims_specificity.py);
 the claims the paper's numbers contradict are not supported. The simulation itself is checked (binomial
 cells, nested Recall@K and epochs, an order of queries per row so paired wins and losses swap across
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import yaml
 
-from hnclip.report import calibration as K
-from hnclip.report.claims_definitions import claim_definitions, rule_specificity
+from hnclip.claims import calibration as K
+from hnclip.claims.definitions import claim_definitions, rule_specificity
 
 SIMS = 200
 REQUIRED = 0.90
@@ -21,7 +21,7 @@ NOT_SIMULATED = {"adaptive_margin_drives_gain"}  # Table X1: a control the paper
 
 @pytest.fixture(scope="module")
 def rates():
-    """On simulation seed 1: claims_specificity.json was measured on seed 0."""
+    """On simulation seed 1: specificity.json was measured on seed 0."""
     return K.support_rates(claim_definitions(), n_sims=SIMS, resamples=100, seed=1).set_index("claim_id")
 
 

@@ -1,16 +1,15 @@
-"""Specificity of the claims' rules (hnclip.report.specificity) and the scorecard's gate on "supported"
-(hnclip.report.claims_verdicts.with_specificity): a rule that also passes when the claimed effect is
+"""Specificity of the claims' rules (hnclip.claims.specificity) and the scorecard's gate on "supported"
+(hnclip.claims.verdicts.with_specificity): a rule that also passes when the claimed effect is
 absent reports "consistent", never "supported"."""
 import math
 
 import numpy as np
 import pytest
 
-from hnclip.io import read_json, write_json
-from hnclip.report import specificity as S
-from hnclip.report.calibration import QueryPool, printed
-from hnclip.report.calibration import test_sizes as paper_test_sizes
-from hnclip.report.claims_definitions import (
+from hnclip.claims import specificity as S
+from hnclip.claims.calibration import QueryPool, printed
+from hnclip.claims.calibration import test_sizes as paper_test_sizes
+from hnclip.claims.definitions import (
     NULL_SUPPORT_MAX,
     SIZE_MIN,
     SPECIFICITY_FILE,
@@ -18,8 +17,9 @@ from hnclip.report.claims_definitions import (
     rule_hash,
     rule_specificity,
 )
-from hnclip.report.claims_verdicts import is_borderline, with_specificity
-from hnclip.report.tie import paper_model, resolved, with_tie
+from hnclip.claims.tie import paper_model, resolved, with_tie
+from hnclip.claims.verdicts import is_borderline, with_specificity
+from hnclip.io import read_json, write_json
 from hnclip.report.uncertainty import Bootstrap, BootstrapSettings
 
 SIMS = 200
@@ -74,7 +74,7 @@ def test_the_same_check_fails_the_rules_without_the_gate(worlds):
 def test_every_rule_of_claims_yaml_has_its_specificity_measured():
     measured = rule_specificity()
     stale = [cid for cid, claim in CLAIMS.items() if measured.get(cid, {}).get("rule_hash") != rule_hash(claim)]
-    assert not stale, f"rerun `python -m hnclip.report.specificity` for {stale}"
+    assert not stale, f"rerun `python -m hnclip.claims.specificity` for {stale}"
     for entry in measured.values():
         assert 0.0 <= entry["size"] <= 1.0
         assert (entry["null_support"] is None) == (entry["reversed_support"] is None) == bool(entry["specificity_note"])

@@ -81,7 +81,7 @@ def test_replaced_checkpoint_is_a_stale_artifact(empty_project, capsys):
 
 
 def test_an_unexpected_exception_keeps_its_traceback(empty_project, monkeypatch):
-    import hnclip.steps.report as report
+    import hnclip.commands.report as report
 
     def broken(*args, **kwargs):
         return 1 / 0
@@ -93,7 +93,7 @@ def test_an_unexpected_exception_keeps_its_traceback(empty_project, monkeypatch)
 # The same through the interpreter, as a shell and Snakemake see it: exit status and stderr.
 BROKEN_TABLE = """
 import sys
-import hnclip.steps.report as report
+import hnclip.commands.report as report
 report.build_table = lambda *args: 1 / 0
 from hnclip.cli import main
 sys.exit(main(["table", "table3a"]))

@@ -9,12 +9,12 @@ import pytest
 from helpers.fault_server import FAST
 from helpers.payloads import blob, sha256
 
+from hnclip.commands.download import download_source
 from hnclip.config.registry import Registry
 from hnclip.data.download import download_dataset
 from hnclip.data.sources import SOURCES, UNPINNED, Source, SourceFile
 from hnclip.io import read_json, write_json
 from hnclip.provenance.lineage import _manifest_node, format_lineage
-from hnclip.steps.download import download_source
 
 PINNED, UNPINNED_DATA = blob(4096, seed=3), b'[1, 2, 3]'
 

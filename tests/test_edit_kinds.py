@@ -113,7 +113,7 @@ def test_benchmark_kinds_come_from_the_manifest_and_refuse_a_stale_one(params, t
 def test_the_regime_report_carries_r1_by_edit_kind(params, tmp_path, monkeypatch):
     from test_regime import write_project  # every other file the regime report reads, written by hand
 
-    from hnclip.steps.regime import build_regime, regime_inputs
+    from hnclip.commands.regime import build_regime, regime_inputs
     reg = Registry(small_params(params, tmp_path))
     monkeypatch.chdir(tmp_path)
     made = write_project(reg)

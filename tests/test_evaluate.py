@@ -4,9 +4,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from hnclip.commands import evaluate as evaluate_step
 from hnclip.evaluation.retrieval import ranks_of_positives, recall_at_k
 from hnclip.evaluation.selection import mean_r1, rsum, select_epochs
-from hnclip.steps import evaluate as evaluate_step
 
 
 def test_ranks_on_hand_made_scores():

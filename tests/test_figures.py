@@ -11,13 +11,13 @@ import pytest
 from helpers.gradient_logs import RECORDS
 from matplotlib.collections import PolyCollection
 
+from hnclip.commands.gradient_stats import gradient_statistics
 from hnclip.config import paths
 from hnclip.config import registry as registry_module
 from hnclip.config.constants import TRAINED_FRAMEWORKS
 from hnclip.config.registry import Registry
 from hnclip.io import write_json
 from hnclip.report import figures
-from hnclip.steps.gradient_stats import gradient_statistics
 
 
 def _caption(fig) -> str:
@@ -189,8 +189,8 @@ def test_fig6_needs_table1_once_a_baseline_is_implemented(params, tmp_path, monk
 
 # ---- Fig. A5: one real training batch ------------------------------------------------------------------
 def test_figa5_batch_is_the_first_micro_batch_the_training_loop_yields():
+    from hnclip.commands.stats import first_training_batch
     from hnclip.data.loader import subset_indices
-    from hnclip.steps.stats import first_training_batch
     from hnclip.training.batching import accumulation_groups, epoch_micro_batches
     loop_first = accumulation_groups(epoch_micro_batches(subset_indices(100, 1.0), 16, 42, 0), 8)[0][0]
     batch = first_training_batch(100, micro_batch=16, seed=42, captions=8)
@@ -205,8 +205,8 @@ def test_figa5_record_holds_the_batch_matrix_and_is_drawn():
     import numpy as np
     import torch
 
+    from hnclip.commands.stats import training_batch_geometry
     from hnclip.report import geometry
-    from hnclip.steps.stats import training_batch_geometry
 
     class Row:
         def __init__(self, i):

@@ -123,7 +123,7 @@ def test_figa8_caption_quotes_the_pooled_statistics():
 
 # ---- the step ------------------------------------------------------------------------------------------
 def test_step_writes_fig4_statistics_with_provenance(probed_project):
-    from hnclip.steps.gradient_stats import gradient_statistics
+    from hnclip.commands.gradient_stats import gradient_statistics
     out = gradient_statistics(probed_project, "fig4_gradient_dynamics")
     assert out == paths.RESULTS / "stats" / "fig4_gradient_dynamics.json"
     stats = json.loads(out.read_text())
@@ -141,7 +141,7 @@ def test_step_writes_fig4_statistics_with_provenance(probed_project):
 
 
 def test_step_pools_the_figa8_runs(probed_project):
-    from hnclip.steps.gradient_stats import gradient_statistics
+    from hnclip.commands.gradient_stats import gradient_statistics
     stats = json.loads(gradient_statistics(probed_project, "figA8_gradient_dynamics_scales").read_text())
     runs = stats["runs"]
     assert {(r["benchmark"], r["fraction"]) for r in runs if r["method"] == "hn_clip"} == \
@@ -151,8 +151,8 @@ def test_step_pools_the_figa8_runs(probed_project):
 
 
 def test_step_names_a_run_trained_without_the_probe(probed_project):
+    from hnclip.commands.gradient_stats import figure_runs, gradient_statistics
     from hnclip.errors import UserError
-    from hnclip.steps.gradient_stats import figure_runs, gradient_statistics
     run = figure_runs(probed_project, probed_project.params["figures"]["fig4_gradient_dynamics"])[0]
     gs.probe_log(run["run_id"]).unlink()
     with pytest.raises(UserError, match=run["run_id"]):
@@ -160,8 +160,8 @@ def test_step_names_a_run_trained_without_the_probe(probed_project):
 
 
 def test_step_rejects_a_figure_that_is_not_a_gradient_figure(probed_project):
+    from hnclip.commands.gradient_stats import gradient_statistics
     from hnclip.errors import UnknownNameError
-    from hnclip.steps.gradient_stats import gradient_statistics
     with pytest.raises(UnknownNameError, match="fig4_gradient_dynamics"):
         gradient_statistics(probed_project, "fig6_sample_efficiency")
 

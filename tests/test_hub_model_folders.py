@@ -13,7 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
-from hnclip.data.auxiliary.lism import hf_clip_encoders
+from hnclip.auxiliary.lism import hf_clip_encoders
 from hnclip.data.sources import get_source
 from hnclip.data.verified_files import verify_existing
 

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from hnclip.commands.overlap import check_overlap
 from hnclip.data import overlap
 from hnclip.data.manifest import ManifestRow, read_manifest, write_manifest
 from hnclip.data.synthetic import write_dataset
 from hnclip.io import read_json
-from hnclip.steps.overlap import check_overlap
 
 # ---------------------------------------------------------------------------------------------
 # Fixtures: a VG-like training set and an Urban-like test set that hides copies of training images

@@ -1,4 +1,4 @@
-"""`hnclip plan` (hnclip.report.plan): the paper profile's jobs, images, GPU-hours, disk and critical path
+"""`hnclip plan` (hnclip.plan.cost_plan): the paper profile's jobs, images, GPU-hours, disk and critical path
 before anything runs, at the paper's Table A3 rates or a measured throughput file, and the SLURM time
 limits the rules book from the same estimate (a Snakemake dry run reads them)."""
 import json
@@ -12,10 +12,10 @@ from helpers.micro_project import ROOT, VENV_BIN, run
 from hnclip.cli import main
 from hnclip.config.registry import Registry
 from hnclip.errors import UserError
-from hnclip.report.plan import build_plan
-from hnclip.report.plan_model_size import clip_parameters, model_config
-from hnclip.report.plan_rates import PAPER_RATES
-from hnclip.report.plan_settings import parse_minutes
+from hnclip.plan.cost_plan import build_plan
+from hnclip.plan.model_size import clip_parameters, model_config
+from hnclip.plan.rates import PAPER_RATES
+from hnclip.plan.settings import parse_minutes
 
 # The paper's Table A1 and Table A3 (the plan's defaults for the paper profile).
 VG_TRAIN, URBAN1K_TEST, EPOCHS = 14_579, 1_000, 10

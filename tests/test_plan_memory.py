@@ -1,4 +1,4 @@
-"""The memory model of `hnclip plan` (hnclip.report.plan_memory): its per-block activation bytes against what
+"""The memory model of `hnclip plan` (hnclip.plan.accelerator_memory): its per-block activation bytes against what
 autograd really saves at Long-CLIP-L's widths and token counts, and its verdicts on the paper profile."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from hnclip.config.params import load_params
 from hnclip.config.registry import Registry
 from hnclip.models.adapters import apply_adapters
 from hnclip.models.towers import encode_text
-from hnclip.report.plan_memory import GB, FrameworkMemory, Tower, memory_model
+from hnclip.plan.accelerator_memory import GB, FrameworkMemory, Tower, memory_model
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -29,7 +29,7 @@ def test_named_entry_points():
 
 def test_light_packages_do_not_import_torch():
     code = ("import sys, hnclip.config, hnclip.models, hnclip.training, hnclip.evaluation, hnclip.data, "
-            "hnclip.runtime, hnclip.provenance, hnclip.steps.data, hnclip.training.jobs; "
+            "hnclip.runtime, hnclip.provenance, hnclip.commands.data, hnclip.training.jobs; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"

@@ -1,10 +1,10 @@
-"""Readable quotes (hnclip.report.quotes): the extraction's doubled formulas shown once in the scorecard."""
+"""Readable quotes (hnclip.claims.quotes): the extraction's doubled formulas shown once in the scorecard."""
 import re
 
 import pytest
 
-from hnclip.report.claims_definitions import claim_definitions
-from hnclip.report.quotes import readable_quote
+from hnclip.claims.definitions import claim_definitions
+from hnclip.claims.quotes import readable_quote
 
 
 @pytest.mark.parametrize(("extracted", "readable"), [

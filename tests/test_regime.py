@@ -16,6 +16,7 @@ import torch
 import yaml
 
 from hnclip.cli import main
+from hnclip.commands.regime import planned_run, regime_inputs
 from hnclip.config import paths
 from hnclip.config.params import ParamsError, validate_params
 from hnclip.config.registry import Registry
@@ -24,7 +25,6 @@ from hnclip.data.manifest import ManifestRow, read_manifest, write_manifest
 from hnclip.data.synthetic import family_of
 from hnclip.io import read_json, read_jsonl, write_json, write_jsonl
 from hnclip.report import regime
-from hnclip.steps.regime import planned_run, regime_inputs
 from hnclip.training.batching import epoch_micro_batches
 from hnclip.training.methods import Method
 from hnclip.training.step import step_record
@@ -245,7 +245,7 @@ def test_a_run_no_table_trains_is_reported_not_measured(params, tmp_path, monkey
     reg = Registry(params)
     monkeypatch.chdir(tmp_path)
     write_project(reg)
-    from hnclip.steps.regime import build_regime
+    from hnclip.commands.regime import build_regime
     build_regime(reg)
     report = read_json(paths.regime_report("json"))
     (check,) = next(p for p in report["preconditions"] if p["key"] == "infonce_saturation")["checks"]

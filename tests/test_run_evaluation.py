@@ -8,11 +8,11 @@ import shutil
 import pytest
 from helpers.micro_project import copy_project
 
+from hnclip.commands.evaluate import evaluate_run, select_epochs
 from hnclip.config.params import load_params
 from hnclip.config.registry import Registry
 from hnclip.io import read_json
 from hnclip.models import factory
-from hnclip.steps.evaluate import evaluate_run, select_epochs
 
 pytestmark = pytest.mark.slow
 

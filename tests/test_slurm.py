@@ -38,7 +38,7 @@ import local_slurm  # noqa: E402
 
 from hnclip.config import paths  # noqa: E402  (no torch import: keeps the fixture's own start fast)
 from hnclip.config.registry import Registry  # noqa: E402
-from hnclip.report.plan import PLANNED_RULES, build_plan  # noqa: E402
+from hnclip.plan.cost_plan import PLANNED_RULES, build_plan  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

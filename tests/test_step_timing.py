@@ -1,14 +1,14 @@
 """The timing claims' controlled measurement: runs' optimizer steps taken in turn on the same batches
 (hnclip.training.step_timing), and the scorecard's `paired_timing` statistic with an interval over the
-rounds (hnclip.report.claims_statistics)."""
+rounds (hnclip.claims.statistics)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 from helpers.training import EVALUATION, EXECUTION, SPEC
 
-from hnclip.report.claims_statistics import statistic_draws
-from hnclip.report.claims_verdicts import decide
+from hnclip.claims.statistics import statistic_draws
+from hnclip.claims.verdicts import decide
 from hnclip.report.uncertainty import Bootstrap, BootstrapSettings
 from hnclip.training.loop import TrainJob
 from hnclip.training.step_timing import paired_step_times

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from open_clip.tokenizer import SimpleTokenizer
 
-from hnclip.data.auxiliary.caption_filter import (
+from hnclip.auxiliary.caption_filter import (
     caption_chunks,
     chunk_token_spans,
     filter_caption,
@@ -73,7 +73,7 @@ def test_filter_uses_the_released_word_lists():
     """StructXLIP's DEFAULT_VOCAB (structxlip/text_filters.py @bd63274): its sizes, colours only it lists
     ("mint", "hot pink", "wine red") removed, colours it does not list ("coral", "golden") kept, and its
     insect lexicon applied before the colours."""
-    from hnclip.data.auxiliary import structxlip_lexicon as lexicon
+    from hnclip.auxiliary import structxlip_lexicon as lexicon
     assert [len(v) for v in (lexicon.COLORS, lexicon.MATERIALS, lexicon.TEXTURES, lexicon.INSECT_TERMS)] == \
         [56, 46, 47, 114]
     assert lexicon.SOURCE["commit"].startswith("bd63274") and len(lexicon.STOPWORDS) == 20
@@ -87,7 +87,7 @@ def test_filter_uses_the_released_word_lists():
 
 def test_word_lists_match_the_content_of_the_released_file():
     """Each list's sha256 is that of the release's text_filters.py @bd63274 (pins in the lexicon module)."""
-    from hnclip.data.auxiliary import structxlip_lexicon as lexicon
+    from hnclip.auxiliary import structxlip_lexicon as lexicon
     lexicon.check_release()
     assert {name: lexicon.list_sha256(words) for name, words in lexicon.lists().items()} == lexicon.RELEASE_SHA256
 
@@ -100,7 +100,7 @@ def _release_format(lists: dict) -> str:
 
 
 def test_pins_are_recomputed_from_a_file_in_the_releases_layout():
-    from hnclip.data.auxiliary import structxlip_lexicon as lexicon
+    from hnclip.auxiliary import structxlip_lexicon as lexicon
     parsed = lexicon.lists_from_release(_release_format(lexicon.lists()))
     assert {name: lexicon.list_sha256(words) for name, words in parsed.items()} == lexicon.RELEASE_SHA256
 
@@ -109,7 +109,7 @@ def test_pins_are_recomputed_from_a_file_in_the_releases_layout():
 @pytest.mark.parametrize("change", ["misspell", "swap", "drop"])
 def test_one_changed_word_fails_the_release_check(monkeypatch, name, change):
     """Same length and the same samples, one word different: the content pin catches it."""
-    from hnclip.data.auxiliary import structxlip_lexicon as lexicon
+    from hnclip.auxiliary import structxlip_lexicon as lexicon
     words = list(lexicon.lists()[name])
     k = len(words) // 2
     if change == "misspell":

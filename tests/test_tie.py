@@ -1,12 +1,12 @@
-"""The claims' tie tolerance (hnclip.report.tie): one formula, no hand values in claims.yaml."""
+"""The claims' tie tolerance (hnclip.claims.tie): one formula, no hand values in claims.yaml."""
 import math
 
 import pandas as pd
 import pytest
 import yaml
 
-from hnclip.report import tie as T
-from hnclip.report.claims_definitions import claim_definitions
+from hnclip.claims import tie as T
+from hnclip.claims.definitions import claim_definitions
 
 MODEL = T.TieModel({"docci": 5100, "urban1k": 1000}, correlation=0.8, seed_sd=0.5, seed_source="test")
 

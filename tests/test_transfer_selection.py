@@ -15,6 +15,7 @@ import pytest
 import torch
 from helpers.training import EVALUATION, EXECUTION, SPEC
 
+from hnclip.commands.evaluate import evaluate_run
 from hnclip.config import paths
 from hnclip.config.registry import Registry
 from hnclip.errors import StaleArtifactError
@@ -27,7 +28,6 @@ from hnclip.provenance.audit_claims import Auditor
 from hnclip.provenance.audit_runs import check_evaluation
 from hnclip.provenance.lineage import iter_nodes, lineage
 from hnclip.report import build, tables
-from hnclip.steps.evaluate import evaluate_run
 from hnclip.training import epoch_eval, loop
 from hnclip.training.jobs import finetune_job
 

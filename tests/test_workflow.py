@@ -15,8 +15,8 @@ import pytest
 import yaml
 from helpers.micro_project import ROOT, VENV_BIN, micro_params, run
 
+from hnclip.commands.metrics import table_mean_r1
 from hnclip.config.cells import AVG
-from hnclip.report.metrics import table_mean_r1
 
 SLURM_PROFILE = ROOT / "workflow" / "profiles" / "slurm" / "config.yaml"
 DRY_RUN_CORES = 64  # more than any rule's threads

@@ -1,4 +1,4 @@
-"""`hnclip` command line: parsing only. Each verb calls one function of `hnclip.steps` (or, for
+"""`hnclip` command line: parsing only. Each verb calls one function of `hnclip.commands` (or, for
 the read-only queries validate/runs/lineage/audit, of the registry and `hnclip.provenance`)."""
 from __future__ import annotations
 
@@ -41,34 +41,34 @@ def cmd_runs(args) -> int:
 
 
 def cmd_data(args) -> int:
-    from hnclip.steps.data import build_dataset
+    from hnclip.commands.data import build_dataset
     manifests = build_dataset(_registry(args), args.dataset)
     print(f"wrote {', '.join(str(p) for p in manifests.values())}")
     return 0
 
 
 def cmd_download(args) -> int:
-    from hnclip.steps.download import download_source
+    from hnclip.commands.download import download_source
     raw_dir = download_source(_registry(args), args.source, mirror=args.mirror)
     print(f"{args.source}: verified files in {raw_dir}")
     return 0
 
 
 def cmd_subsets(args) -> int:
-    from hnclip.steps.subsets import write_subsets
+    from hnclip.commands.subsets import write_subsets
     _, chosen = write_subsets(_registry(args), args.dataset)
     print(", ".join(f"{f}: {len(ids)}" for f, ids in chosen.items()))
     return 0
 
 
 def cmd_auxiliary(args) -> int:
-    from hnclip.steps.auxiliary import build_auxiliary
+    from hnclip.commands.auxiliary import build_auxiliary
     print(f"wrote {build_auxiliary(_registry(args), args.dataset, args.kind)}")
     return 0
 
 
 def cmd_pretrain(args) -> int:
-    from hnclip.steps.train import pretrain_backbone
+    from hnclip.commands.train import pretrain_backbone
     record = pretrain_backbone(_registry(args), args.backbone)
     final = {name: {d: m[d]["R@1"] for d in ("t2i", "i2t")} for name, m in record["history"][-1]["eval"].items()}
     print(f"pretrained {record['run_id']} (final epoch R@1: {final})")
@@ -76,14 +76,14 @@ def cmd_pretrain(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from hnclip.steps.train import train_run
+    from hnclip.commands.train import train_run
     record = train_run(_registry(args), args.run)
     print(f"trained {args.run}: {record['optimizer_steps']} steps in {record['wall_time_s']:.1f}s")
     return 0
 
 
 def cmd_evaluate(args) -> int:
-    from hnclip.steps.evaluate import (
+    from hnclip.commands.evaluate import (
         evaluate_run,  # takes a GPU slot only when it has to encode
     )
     print(f"wrote {evaluate_run(_registry(args), args.run, args.benchmark)}")
@@ -91,54 +91,54 @@ def cmd_evaluate(args) -> int:
 
 
 def cmd_stats(args) -> int:
-    from hnclip.steps.stats import caption_statistics
+    from hnclip.commands.stats import caption_statistics
     print(f"wrote {caption_statistics(_registry(args), args.benchmark)}")
     return 0
 
 
 def cmd_gradient_stats(args) -> int:
-    from hnclip.steps.gradient_stats import gradient_statistics
+    from hnclip.commands.gradient_stats import gradient_statistics
     print(f"wrote {gradient_statistics(_registry(args), args.figure)}")
     return 0
 
 
 def cmd_regime(args) -> int:
-    from hnclip.steps.regime import build_regime
+    from hnclip.commands.regime import build_regime
     return _wrote(build_regime(_registry(args)))
 
 
 def cmd_step_timing(args) -> int:
-    from hnclip.steps.step_timing import build_step_timing
+    from hnclip.commands.step_timing import build_step_timing
     return _wrote(build_step_timing(_registry(args)))
 
 
 def cmd_table(args) -> int:
-    from hnclip.steps.report import build_table
+    from hnclip.commands.report import build_table
     return _wrote(build_table(_registry(args), args.table))
 
 
 def cmd_figure(args) -> int:
-    from hnclip.steps.report import draw_figure
+    from hnclip.commands.report import draw_figure
     return _wrote(draw_figure(_registry(args), args.figure))
 
 
 def cmd_effects(args) -> int:
-    from hnclip.steps.claims import build_effects
+    from hnclip.commands.claims import build_effects
     return _wrote(build_effects(_registry(args), args.table))
 
 
 def cmd_claims(args) -> int:
-    from hnclip.steps.claims import build_claims
+    from hnclip.commands.claims import build_claims
     return _wrote(build_claims(_registry(args)))
 
 
 def cmd_metrics(args) -> int:
-    from hnclip.steps.metrics import write_metrics
+    from hnclip.commands.metrics import write_metrics
     return _wrote(write_metrics(_registry(args)))
 
 
 def cmd_overlap(args) -> int:
-    from hnclip.steps.overlap import overlap_report
+    from hnclip.commands.overlap import overlap_report
     report = overlap_report(_registry(args), args.train, args.test, args.max_distance, args.drop, args.threads)
     print(f"{report['n_pairs']} near-duplicate pair(s) between {args.train} train and {args.test} test; "
           f"report: {report['report_path']}"
@@ -147,8 +147,8 @@ def cmd_overlap(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    from hnclip.report.plan import build_plan
-    from hnclip.report.plan_render import format_plan
+    from hnclip.plan.cost_plan import build_plan
+    from hnclip.plan.printout import format_plan
     args.profile = args.plan_profile or args.profile
     plan = build_plan(_registry(args), rates=args.rates, partition_limit=args.partition_limit)
     print(format_plan(plan), end="")
@@ -169,7 +169,7 @@ def cmd_audit(args) -> int:
 
 
 def cmd_cell(args) -> int:
-    from hnclip.steps import cell
+    from hnclip.commands import cell
     reg = _registry(args)
     settings = {}
     for item in args.set:

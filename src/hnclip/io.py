@@ -5,6 +5,7 @@ import json
 import os
 import tempfile
 from contextlib import contextmanager
+from importlib import resources
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -46,3 +47,12 @@ def write_jsonl(path: str | os.PathLike, rows: list[dict]) -> None:
 def read_jsonl(path: str | os.PathLike) -> list[dict]:
     with open(path, encoding="utf-8") as handle:
         return [json.loads(line) for line in handle if line.strip()]
+
+
+def package_text(package: str, name: str) -> str:
+    """A data file shipped inside one of our packages (e.g. `hnclip.claims`, `claims.yaml`): from the
+    installed package, or from the source tree where it is used without installation."""
+    try:
+        return resources.files(package).joinpath(name).read_text(encoding="utf-8")
+    except (FileNotFoundError, ModuleNotFoundError, TypeError):
+        return (Path(__file__).parent / package.split(".", 1)[1].replace(".", "/") / name).read_text(encoding="utf-8")

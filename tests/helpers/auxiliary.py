@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from hnclip.data.auxiliary.lism import Encoders
+from hnclip.auxiliary.lism import Encoders
 from hnclip.data.manifest import ManifestRow, write_manifest
 
 GRAY, RED, GREEN, BLUE = (128, 128, 128), (220, 30, 30), (20, 90, 30), (30, 60, 220)
@@ -109,15 +109,15 @@ class CountingSegmenter:
         return self.masks.calls
 
     def fingerprint(self) -> dict:
-        from hnclip.data.auxiliary.segments import segmenter_fingerprint
+        from hnclip.auxiliary.segments import segmenter_fingerprint
         return segmenter_fingerprint(self.inner)
 
 
 def main(argv: list[str]) -> None:
     import torch
 
-    from hnclip.data.auxiliary.lism import build_lism, hf_clip_encoders
-    from hnclip.data.auxiliary.segments import SamSegmenter
+    from hnclip.auxiliary.lism import build_lism, hf_clip_encoders
+    from hnclip.auxiliary.segments import SamSegmenter
 
     manifest, out_dir, sam, clip, shard_images, batch_images = argv
     torch.set_num_threads(1)

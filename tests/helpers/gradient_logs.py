@@ -45,7 +45,7 @@ INITIAL = metrics(60.0, 55.0)
 def write_probed_project(reg: Registry, params: dict) -> Registry:
     """The committed params' Fig. 4 and Fig. A8 runs with these probe logs and training records, in
     the current directory."""
-    from hnclip.steps.gradient_stats import figure_runs
+    from hnclip.commands.gradient_stats import figure_runs
     for figure in ("fig4_gradient_dynamics", "figA8_gradient_dynamics_scales"):
         for run in figure_runs(reg, params["figures"][figure]):
             write_jsonl(gs.probe_log(run["run_id"]), RECORDS)

@@ -5,7 +5,7 @@
 
 
 def auxiliary_segment_inputs(wildcards):
-    from hnclip.steps.auxiliary import model_inputs
+    from hnclip.commands.auxiliary import model_inputs
     return {"train_data": dataset_marker(wildcards.dataset), **{k: str(v) for k, v in model_inputs(REG).items()}}
 
 

@@ -2,11 +2,13 @@
 # scorecard (every quantitative claim of the paper judged on this profile), shown first in the report.
 from types import SimpleNamespace
 
-from hnclip.report.claims import claims_inputs
+from hnclip.claims.definitions import claim_definitions
+from hnclip.claims.scorecard import claims_inputs
 from hnclip.report.effects import definitions, effects_inputs
 
 BOOTSTRAP = canonical_json(config.get("bootstrap", {}))  # resamples, seed, confidence (defaults in the code)
-# The claims and contrasts are package data (src/hnclip/report/claims.yaml): an edit reruns what it changes.
+# The claims and contrasts are package data (src/hnclip/claims/claims.yaml, src/hnclip/report/contrasts.yaml):
+# an edit reruns what it changes.
 
 
 rule effects:
@@ -66,7 +68,7 @@ rule claims:
     params:
         bootstrap=BOOTSTRAP,
         # a function: Snakemake would read braces in the claims' quoted text (e.g. "{0.75, 1}") as wildcards
-        claims=lambda w: canonical_json(definitions()["claims"]),
+        claims=lambda w: canonical_json(claim_definitions()),
     log:
         f"logs/{PROFILE}/claims.log",
     benchmark:

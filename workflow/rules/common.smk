@@ -6,9 +6,8 @@ from hnclip.config import paths
 from hnclip.config.params import validate_params
 from hnclip.hashing import canonical_json
 from hnclip.config.constants import PRETRAIN_ROLE, STRONGEST_BASELINE_TABLE
-from hnclip.steps.data import dataset_generation
-from hnclip.training.jobs import pretrain_spec
-from hnclip.config.registry import Registry, with_generator_digest
+from hnclip.commands.data import dataset_generation
+from hnclip.config.registry import Registry, pretrain_spec, with_generator_digest
 
 validate_params(config)  # fails before any job starts, naming the bad key and the allowed values
 REG = Registry(config, validate=False)
@@ -135,9 +134,9 @@ def all_targets():
 
 
 # ---- DVC metrics and plots; threads, memory and GPU slots -----------------------------------------
-from hnclip.report import metrics as dvc_metrics  # where `hnclip metrics` writes (rule metrics)
-from hnclip.report.plan import build_plan
-from hnclip.report.plan_estimates import evaluation_encodes as encodes
+from hnclip.commands import metrics as dvc_metrics  # where `hnclip metrics` writes (rule metrics)
+from hnclip.plan.cost_plan import build_plan
+from hnclip.plan.estimates import evaluation_encodes as encodes
 
 # Pretraining (the embedded backbone's) runs alone at the head of the DAG, on a fixed number of
 # threads rather than all cores: its float reductions depend on the thread count, so the initial

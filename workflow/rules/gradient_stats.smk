@@ -2,7 +2,7 @@
 # results/stats/<figure>.json, which the figure draws its bands and its caption from.
 from hnclip.config.registry import GRADIENT_FIGURE_KINDS
 from hnclip.report.gradient_stats import report_caption, stats_path
-from hnclip.steps.gradient_stats import figure_runs
+from hnclip.commands.gradient_stats import figure_runs
 
 GRADIENT_FIGURES = [name for name, spec in config["figures"].items() if spec["kind"] in GRADIENT_FIGURE_KINDS]
 

@@ -2,7 +2,7 @@
 # pipeline's own outputs: zero-shot R@1, InfoNCE / L_HN saturation shares from the runs' step logs,
 # the share of training micro-batches holding two siblings, and the caption geometry (Table A1's
 # statistics). results/stats/regime.json (with provenance) and regime.md, shown in the HTML report.
-from hnclip.steps.regime import regime_inputs
+from hnclip.commands.regime import regime_inputs
 
 
 def regime_targets():

@@ -35,7 +35,7 @@ def auxiliary_index(data_root: str, dataset: str, kind: str) -> Path:
 
 def shard_dir(output: str | Path) -> Path:
     """The resume area of a sharded build of `output` (`<output>.shards/`, beside it): not a Snakemake
-    output, so it survives a failed job; removed once `output` is written (hnclip.data.auxiliary.shards)."""
+    output, so it survives a failed job; removed once `output` is written (hnclip.auxiliary.shards)."""
     output = Path(output)
     return output.with_name(output.name + ".shards")
 
@@ -86,7 +86,7 @@ def stats(benchmark: str) -> Path:
 
 
 def step_timing() -> Path:
-    """The timing table's paired, repeated step timings (hnclip.steps.step_timing)."""
+    """The timing table's paired, repeated step timings (hnclip.commands.step_timing)."""
     return RESULTS / "stats" / "step_timing.json"
 
 

@@ -18,6 +18,7 @@ from hnclip.config.constants import (
     BASELINE_FRAMEWORKS,
     COST_ONLY_SETTINGS,
     DEFAULT_ADAPTER,
+    PRETRAIN_ROLE,
     RUNNABLE_FRAMEWORKS,
     TRAINED_FRAMEWORKS,
 )
@@ -110,6 +111,21 @@ def with_generator_digest(dataset: dict) -> dict:
     digest = dataset_fingerprint(dataset["variant"], dataset["sizes"], dataset["seed"],
                                  generator=dataset.get("generator"))["digest"]
     return {**dataset, "generator_digest": digest}
+
+def pretrain_spec(reg: "Registry", name: str) -> dict:
+    """A backbone pretrained here is a run of its own: its spec (and so its id) from the backbone's `pretrain`."""
+    backbone = reg.backbone_spec(name)
+    pre = backbone["pretrain"]
+    return {
+        "train_set": PRETRAIN_ROLE,
+        "dataset": with_generator_digest(pretrain_dataset(pre)),
+        "fraction": 1.0, "seed": pre["seed"],
+        "init": {"backbone": "scratch", "model_config": backbone["model_config"]},
+        "objective": {"framework": "full", "gamma": 0.0, "lambda_tok": 0.0, "margin": "live"},
+        "recipe": {"epochs": pre["epochs"], "micro_batch": pre["batch_size"], "grad_accum": 1, "lr": pre["lr"],
+                   "weight_decay": pre["weight_decay"], "warmup_steps": pre["warmup_steps"],
+                   "reset_logit_scale": None, "precision": "fp32"},
+    }
 
 
 def _fmt(value: float) -> str:
@@ -298,7 +314,7 @@ class Registry:
 
     def paired_timing(self) -> dict | None:
         """{table, rounds, warmup, runs: {row: run id}} of the timing table's `paired_timing` (the timing
-        claims' measurement, hnclip.steps.step_timing): its rows' planned runs; None where the table declares
+        claims' measurement, hnclip.commands.step_timing): its rows' planned runs; None where the table declares
         none or fewer than two of its rows are planned."""
         table = self.derived_table("timing")
         spec = self.params["derived_tables"][table]

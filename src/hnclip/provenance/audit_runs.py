@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hnclip.config.registry import Registry
+from hnclip.config.registry import Registry, pretrain_spec
 from hnclip.hashing import json_sha256
 from hnclip.provenance.audit_claims import VALUE_TOLERANCE, Auditor, Mismatch, check_files, spec_diff
 from hnclip.provenance.audit_records import read_if_valid
@@ -43,9 +43,6 @@ def check_backbones(auditor: Auditor, backbones: list[tuple[str, dict]], reg: Re
         name = Path(artifact).parent.name
         expected = None
         if reg and reg.params["backbones"].get(name, {}).get("kind") == "pretrained_here":
-            from hnclip.training.jobs import (
-                pretrain_spec,  # imports torch: only when there is a backbone to check
-            )
             expected = pretrain_spec(reg, name)
         _check_run_spec(auditor, artifact, record, expected)
 

@@ -112,7 +112,7 @@ def benchmark_row_kinds(reg, benchmark: str) -> tuple[list[str | None] | None, s
 
 
 def render_section(diagnostic: dict) -> list[str]:
-    """The regime report's Markdown section for `hnclip.steps.regime`'s diagnostic record."""
+    """The regime report's Markdown section for `hnclip.commands.regime`'s diagnostic record."""
     from hnclip.report.render import markdown_table
     lines = [f"## Diagnostic: R@1 by edit kind ({diagnostic.get('label', diagnostic['benchmark'])} test pairs)", "",
              "Each test image has a near-duplicate sibling that differs in one edit; R@5 is close to 100, so R@1 is "

@@ -20,7 +20,6 @@ import functools
 import math
 import time
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -32,10 +31,10 @@ from hnclip.config.cells import DIRECTION_LABELS, canonical_row
 from hnclip.config.params import read_yaml
 from hnclip.config.registry import NOT_IMPLEMENTED, Registry
 from hnclip.errors import StaleArtifactError
-from hnclip.io import read_json, write_json, write_text
+from hnclip.io import package_text, read_json, write_json, write_text
 from hnclip.report.uncertainty import Bootstrap, BootstrapSettings, outcomes
 
-DEFINITIONS = "claims.yaml"
+DEFINITIONS = "contrasts.yaml"
 NO_RANKS = "no per-query ranks recorded (evaluated before ranks were kept): no interval; rerun its evaluation"
 VALUE_TOLERANCE = 1e-3  # a recall recomputed from the ranks vs the float32 value the record holds (percent)
 
@@ -46,12 +45,8 @@ def effects_path(table: str, ext: str) -> Path:
 
 @functools.lru_cache(maxsize=1)
 def definitions() -> dict:
-    """claims.yaml: the paper's claims and the contrasts it draws from each table."""
-    try:
-        text = resources.files(__package__).joinpath(DEFINITIONS).read_text(encoding="utf-8")
-    except (FileNotFoundError, ModuleNotFoundError, TypeError):  # a source tree used without installation
-        text = Path(__file__).with_name(DEFINITIONS).read_text(encoding="utf-8")
-    return read_yaml(text)  # libyaml's loader: the Snakefile and every claims job read this file
+    """contrasts.yaml: the contrasts the paper draws from each table."""
+    return read_yaml(package_text(__package__, DEFINITIONS))  # libyaml's loader: the Snakefile reads it too
 
 
 # ---- draws: an estimate and its bootstrap replicates ------------------------------------------------

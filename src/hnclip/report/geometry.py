@@ -1,6 +1,6 @@
 """Caption-geometry report: paper Table A1 and Figs. 1, A5, A6 from the per-benchmark stats records.
 
-Input everywhere is ``stats``: {benchmark: the JSON written by ``hnclip.steps.stats.caption_statistics``
+Input everywhere is ``stats``: {benchmark: the JSON written by ``hnclip.commands.stats.caption_statistics``
 (``results/stats/<benchmark>.json``)} and ``labels``: {benchmark: printed name}. Benchmarks are drawn in
 ``labels`` order, then any others in ``stats`` order. The records only see the test split, so Table A1's
 #train comes in separately (``train_counts``).

@@ -20,13 +20,12 @@ from __future__ import annotations
 import copy
 import functools
 import math
-from importlib import resources
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from hnclip.config.params import read_yaml
+from hnclip.io import package_text
 
 DATA_FILE = "paper_tables.yaml"
 TIDY_COLUMNS = ["table", "row", "label", "benchmark", "direction", "metric", "value", "flag", "dagger"]
@@ -39,11 +38,7 @@ APPROX_ZERO, APPROX, NOT_REPORTED = "approx_zero", "approx", "not_reported"
 
 
 def _read_text() -> str:
-    try:
-        return resources.files(__package__).joinpath(DATA_FILE).read_text(encoding="utf-8")
-    except (FileNotFoundError, ModuleNotFoundError, TypeError):
-        # e.g. a source tree used without installation, or an install that lacks the package data
-        return (Path(__file__).with_name(DATA_FILE)).read_text(encoding="utf-8")
+    return package_text(__package__, DATA_FILE)
 
 
 @functools.lru_cache(maxsize=1)

@@ -2,7 +2,7 @@
 a strong zero-shot backbone, InfoNCE saturating under plain fine-tuning while L_HN does not, few
 micro-batches holding two near-duplicate siblings, uniformly similar captions, and headroom (plain
 fine-tuning improves on the zero-shot backbone, so a fine-tuning gain can show at all). Pure functions
-over records already read; `hnclip.steps.regime` reads the pipeline's outputs and writes the report.
+over records already read; `hnclip.commands.regime` reads the pipeline's outputs and writes the report.
 
 A check is one measured value against its target (`met` is None when nothing could be measured:
 not applicable on the profile, or not planned by its tables); a precondition holds when every

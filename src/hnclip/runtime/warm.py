@@ -40,8 +40,8 @@ IMPORT_ENV_PREFIXES = ("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "TORCH", "P
                        "ASCEND", "PYTHON", "LD_", "MALLOC", "MPL", "HF_", "HUGGINGFACE", "XDG_", "HOME")
 # Imported once by the server; each is optional (a missing one is imported by the child as usual).
 PRELOAD = ("numpy", "PIL.Image", "yaml", "torch", "open_clip", "pandas", "matplotlib",
-           "hnclip.cli", "hnclip.steps.train", "hnclip.steps.evaluate", "hnclip.steps.stats",
-           "hnclip.steps.auxiliary", "hnclip.steps.report", "hnclip.steps.claims", "hnclip.steps.data")
+           "hnclip.cli", "hnclip.commands.train", "hnclip.commands.evaluate", "hnclip.commands.stats",
+           "hnclip.commands.auxiliary", "hnclip.commands.report", "hnclip.commands.claims", "hnclip.commands.data")
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _HEADER = struct.Struct("!I")
 

@@ -8,7 +8,7 @@ from hnclip._lazy import lazy_exports
 _EXPORTS = {
     "train": "hnclip.training.loop",
     "TrainJob": "hnclip.training.loop",
-    "NonFiniteLossError": "hnclip.training.loop",
+    "NonFiniteLossError": "hnclip.training.step",
     "loss_terms": "hnclip.losses.objective",
     "group_terms": "hnclip.losses.objective",
     "TrainedModel": "hnclip.training.frameworks",

@@ -1,14 +1,10 @@
-"""Turn registry entries into executable jobs (training runs, backbone pretraining, datasets)."""
+"""Turn registry entries into executable jobs (training runs, backbone pretraining, datasets); the specs
+themselves are the registry's (`hnclip.config.registry`)."""
 from __future__ import annotations
 
 from hnclip.config import paths
 from hnclip.config.constants import PRETRAIN_ROLE
-from hnclip.config.registry import (
-    Registry,
-    make_run_id,
-    pretrain_dataset,
-    with_generator_digest,
-)
+from hnclip.config.registry import Registry, make_run_id, pretrain_spec
 from hnclip.evaluation.selection import own_benchmark
 
 
@@ -38,19 +34,6 @@ def finetune_job(reg: Registry, run_id: str):
         extra_inputs={f"auxiliary:{kind}": path for kind, path in auxiliary.items()})
 
 
-def pretrain_spec(reg: Registry, name: str) -> dict:
-    backbone = reg.backbone_spec(name)
-    pre = backbone["pretrain"]
-    return {
-        "train_set": PRETRAIN_ROLE,
-        "dataset": with_generator_digest(pretrain_dataset(pre)),
-        "fraction": 1.0, "seed": pre["seed"],
-        "init": {"backbone": "scratch", "model_config": backbone["model_config"]},
-        "objective": {"framework": "full", "gamma": 0.0, "lambda_tok": 0.0, "margin": "live"},
-        "recipe": {"epochs": pre["epochs"], "micro_batch": pre["batch_size"], "grad_accum": 1, "lr": pre["lr"],
-                   "weight_decay": pre["weight_decay"], "warmup_steps": pre["warmup_steps"],
-                   "reset_logit_scale": None, "precision": "fp32"},
-    }
 
 
 def pretrain_job(reg: Registry, name: str):

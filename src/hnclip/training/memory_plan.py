@@ -1,6 +1,6 @@
 """The plans a training step falls back to when it runs out of memory (`MemoryPlan`): halve the compute
 batch down to the micro-batch, then turn on activation checkpointing. Without torch, so that `hnclip plan`
-(read by the Snakefile) walks the same ladder the trainer does (hnclip.report.plan_memory); the runtime
+(read by the Snakefile) walks the same ladder the trainer does (hnclip.plan.accelerator_memory); the runtime
 around it is hnclip.training.memory."""
 from __future__ import annotations
 

@@ -140,7 +140,7 @@ def _finelip(objective: dict, settings: dict, model, train_set) -> Method:
 
 
 def _goal(objective: dict, settings: dict, model, train_set, auxiliary: dict[str, Path], tokenizer) -> Method:
-    from hnclip.data.auxiliary.batches import GoalInputs
+    from hnclip.auxiliary.batches import GoalInputs
     from hnclip.losses.goal import GoalSettings, goal_loss_terms
     # the cost-only steps (double forward, anomaly detection) run only where the job asks (Registry.released_costs)
     goal_settings = GoalSettings.from_dict({"double_forward": False,
@@ -159,7 +159,7 @@ def _goal(objective: dict, settings: dict, model, train_set, auxiliary: dict[str
 
 
 def _structxlip(objective: dict, settings: dict, train_set, auxiliary: dict[str, Path], tokenizer) -> Method:
-    from hnclip.data.auxiliary.batches import StructXInputs
+    from hnclip.auxiliary.batches import StructXInputs
     from hnclip.losses.structxlip import clamp_logit_scale_, structxlip_loss_terms
     inputs = StructXInputs(train_set, auxiliary["edges"], tokenizer, settings)
     loss_settings = {k: settings[k] for k in ("weights", "floors", "decay_epochs", "chunk_tokens")}

@@ -14,7 +14,7 @@ says Canny-type maps). Choices here, all `EdgeSettings`:
     several sentences counts once. Fewer than K matches give fewer crops; StructXLIP's loader pads
     the missing ones with black dummies marked invalid.
 Edge PNGs are 'L' mode, 0 or 255. Paths in edges.jsonl are relative to its directory. Like the
-segments, the build is sharded and resumable (`hnclip.data.auxiliary.shards`).
+segments, the build is sharded and resumable (`hnclip.auxiliary.shards`).
 """
 from __future__ import annotations
 
@@ -26,11 +26,11 @@ import cv2
 import numpy as np
 from PIL import Image
 
-from ...hashing import file_sha256
-from ...io import atomic_path, read_jsonl
-from ..manifest import read_manifest
-from .lism import file_stem
-from .shards import DEFAULT_SHARD_ITEMS, build_sharded
+from hnclip.auxiliary.lism import file_stem
+from hnclip.auxiliary.shards import DEFAULT_SHARD_ITEMS, build_sharded
+from hnclip.data.manifest import read_manifest
+from hnclip.hashing import file_sha256
+from hnclip.io import atomic_path, read_jsonl
 
 THRESHOLD_MODES = ("fixed", "median")
 

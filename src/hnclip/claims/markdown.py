@@ -6,12 +6,12 @@ import math
 
 import pandas as pd
 
+from hnclip.claims.definitions import claim_definitions
+from hnclip.claims.preconditions import REGIME_CONDITIONS, as_condition, profile_conditions
+from hnclip.claims.quotes import readable_quote
+from hnclip.claims.tie import Z_TIE, TieModel
+from hnclip.claims.verdicts import GROUPS, VERDICT_MEANINGS, VERDICTS
 from hnclip.config.registry import Registry
-from hnclip.report.claims_definitions import claim_definitions
-from hnclip.report.claims_preconditions import REGIME_CONDITIONS, as_condition, profile_conditions
-from hnclip.report.claims_verdicts import GROUPS, VERDICT_MEANINGS, VERDICTS
-from hnclip.report.quotes import readable_quote
-from hnclip.report.tie import Z_TIE, TieModel
 from hnclip.report.uncertainty import Bootstrap
 
 
@@ -66,7 +66,7 @@ def _header(reg: Registry, frame: pd.DataFrame, boot: Bootstrap, conditions: dic
            "Regime preconditions of this profile (results/stats/regime.json; a claim that requires one that does "
            "not hold is not testable here):", "", *_conditions_text(conditions), "",
            "Each claim of the paper is a computable statistic over this profile's tables and records "
-           f"(src/hnclip/report/claims.yaml), with a {s.confidence:.0%} percentile bootstrap interval over test "
+           f"(src/hnclip/claims/claims.yaml), with a {s.confidence:.0%} percentile bootstrap interval over test "
            f"queries (and seeds; paired across runs on the same queries; {s.resamples} resamples, seed {s.seed}). "
            "A single-seed run's interval also carries the between-seed spread (below). "
            "\"Lead or tie\" rules take a tie tolerance from one formula, never a hand value "
@@ -74,7 +74,7 @@ def _header(reg: Registry, frame: pd.DataFrame, boot: Bootstrap, conditions: dic
            + "; a closeness or a magnitude the paper states is judged within twice it. Sanity checks hold nearly "
            "by construction (L_HN is L_CLIP on logits shifted by γG ≥ 0) and are judged per run.", "",
            "Each rule was also run on simulated reproductions at the paper's test sizes "
-           "(src/hnclip/report/claims_specificity.json): how often it says supported when the paper is reproduced "
+           "(src/hnclip/claims/specificity.json): how often it says supported when the paper is reproduced "
            "exactly (exact), when the rows the claim compares are equal (null; for a claim of closeness, when their "
            "difference sits on an edge of its band) and when the effect is one R@1 point the other way "
            "(reversed). A rule whose null share is above 10 %, or not measured, cannot tell "

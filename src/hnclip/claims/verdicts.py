@@ -5,7 +5,7 @@ numbers (`paper_judgement`); the scorecard is one row of both per claim.
 The verdict categories and their rules live here alone: VERDICT_MEANINGS (what each says, also the
 scorecard's legend), `decide` (supported / contradicted / inconclusive from an interval),
 `unavailable_verdict` (not_implemented / not_testable from a cell the statistic could not read) and the
-precondition gate in `judge_claim` (hnclip.report.claims_preconditions): a failed precondition makes a
+precondition gate in `judge_claim` (hnclip.claims.preconditions): a failed precondition makes a
 claim not testable; so does one not measured on a profile of real data (on the miniature it is noted)."""
 from __future__ import annotations
 
@@ -13,25 +13,23 @@ import math
 
 import pandas as pd
 
-from hnclip.config.registry import NOT_IMPLEMENTED, Registry
-from hnclip.report.claims_definitions import (
+from hnclip.claims.definitions import (
     NULL_SUPPORT_MAX,
     SIZE_MIN,
     claim_definitions,
     rule_hash,
     rule_specificity,
 )
-from hnclip.report.claims_preconditions import (
+from hnclip.claims.evidence import PaperSource, ReproducedSource
+from hnclip.claims.preconditions import (
     REGIME_CONDITIONS,
     as_condition,
     paper_conditions,
     profile_conditions,
     unmet_preconditions,
 )
-from hnclip.report.claims_sources import PaperSource, ReproducedSource
-from hnclip.report.claims_statistics import statistic_draws
-from hnclip.report.effects import CellUnavailable, format_evidence, summarise
-from hnclip.report.tie import (
+from hnclip.claims.statistics import statistic_draws
+from hnclip.claims.tie import (
     Z_TIE,
     TieModel,
     claim_benchmarks,
@@ -41,6 +39,8 @@ from hnclip.report.tie import (
     resolved,
     with_tie,
 )
+from hnclip.config.registry import NOT_IMPLEMENTED, Registry
+from hnclip.report.effects import CellUnavailable, format_evidence, summarise
 from hnclip.report.uncertainty import Bootstrap
 
 VERDICT_MEANINGS = {
@@ -110,14 +110,14 @@ def is_borderline(decision: dict, value: float, low: float, high: float) -> bool
 
 
 def with_specificity(row: dict, claim: dict, measured: dict[str, dict]) -> dict:
-    """The row with its rule's specificity (claims_specificity.json) and the gate on "supported": a
+    """The row with its rule's specificity (specificity.json) and the gate on "supported": a
     verdict whose rule also passes the claim's absence more than NULL_SUPPORT_MAX of the time, whose
     absence was not simulated, or which passes an exact reproduction of the paper less than SIZE_MIN of
     the time, is `consistent`, on this profile's results and on the paper's numbers."""
     entry = measured.get(claim["claim_id"])
     if entry is None or entry["rule_hash"] != rule_hash(claim):
         entry = {"size": math.nan, "null_support": None, "reversed_support": None,
-                 "specificity_note": "not measured for this rule (python -m hnclip.report.specificity)"}
+                 "specificity_note": "not measured for this rule (python -m hnclip.claims.specificity)"}
     null = math.nan if entry["null_support"] is None else entry["null_support"]
     size = entry["size"]
     out = {**row, "size": size, "null_support": null,
@@ -146,7 +146,7 @@ def unavailable_verdict(exc: CellUnavailable) -> str:
 
 def judge_claim(claim: dict, source, conditions: dict, boot: Bootstrap, model: TieModel | None = None) -> dict:
     """One row of the scorecard (`conditions`: name -> Condition or bool, see profile_conditions). A claim
-    whose ties are not resolved yet (hnclip.report.tie.resolved) takes `model`'s, by default the paper's
+    whose ties are not resolved yet (hnclip.claims.tie.resolved) takes `model`'s, by default the paper's
     test sizes'."""
     if "tie" not in claim:
         claim = resolved(claim, model or paper_model(measured_correlation()))
@@ -187,7 +187,7 @@ def paper_judgement(claim: dict, conditions: dict | None = None) -> dict:
     Returns {paper_verdict, paper_statistic, paper_reason, paper_borderline}. Ties at the paper's test sizes.
 
     The paper's numbers have no interval; its verdict is marked borderline where one standard error of a
-    contrast at its test sizes (hnclip.report.tie) decides it: a rule with a tie whose verdict differs with
+    contrast at its test sizes (hnclip.claims.tie) decides it: a rule with a tie whose verdict differs with
     the tie one standard error narrower or wider, or a sign or magnitude of R@1 points within one standard
     error of its threshold."""
     model = paper_model(measured_correlation())
@@ -227,7 +227,7 @@ def _self_consistent(verdict: str):
 
 def scorecard(reg: Registry, boot: Bootstrap, model: TieModel | None = None) -> pd.DataFrame:
     """Every claim judged on this profile's results and on the paper's own numbers (SCORECARD_COLUMNS), the
-    ties and the seed term of `model` (default: this profile's, hnclip.report.tie.profile_model)."""
+    ties and the seed term of `model` (default: this profile's, hnclip.claims.tie.profile_model)."""
     model = model or profile_model(reg)
     source, conditions = ReproducedSource(reg, boot, model.seed_sd), profile_conditions(reg)
     on_paper = paper_conditions(reg.params.get("regime_targets"))

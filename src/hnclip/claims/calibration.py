@@ -2,7 +2,7 @@
 
 A decision rule is fair only if a reproduction whose true accuracies are the paper's own numbers,
 measured on the paper's test sets, is judged `supported` with high probability. `support_rates`
-simulates such reproductions and runs every claim on each (hnclip.report.claims_verdicts.judge_claim, the
+simulates such reproductions and runs every claim on each (hnclip.claims.verdicts.judge_claim, the
 scorecard's own code path):
 
 * Retrieval cells: each (table, row, benchmark, direction) gets per-query outcomes at the benchmark's
@@ -33,13 +33,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from hnclip.claims.evidence import PAPER_GEOMETRY, paper_cells, paper_geometry
+from hnclip.claims.preconditions import paper_conditions
+from hnclip.claims.statistics import statistic_draws
+from hnclip.claims.tie import TieModel, measured_correlation, paper_model, resolved
+from hnclip.claims.verdicts import VERDICTS, decide, judge_claim, paper_judgement
 from hnclip.config.registry import NOT_IMPLEMENTED
-from hnclip.report.claims_preconditions import paper_conditions
-from hnclip.report.claims_sources import PAPER_GEOMETRY, paper_cells, paper_geometry
-from hnclip.report.claims_statistics import statistic_draws
-from hnclip.report.claims_verdicts import VERDICTS, decide, judge_claim, paper_judgement
 from hnclip.report.effects import CellUnavailable, Column
-from hnclip.report.tie import TieModel, measured_correlation, paper_model, resolved
 from hnclip.report.uncertainty import Bootstrap, BootstrapSettings
 
 EPOCHS = 10
@@ -49,12 +49,6 @@ POOL = 24                # query orders per benchmark: each row and direction of
 TIMING_ROUNDS = 10       # paired step-timing rounds (params.yaml paired_timing)
 ROUND_LOAD_SD = 0.3      # log-SD of a round's shared slowdown (other work on the machine)
 STEP_JITTER_SD = 0.05    # log-SD of one step's own time
-
-
-def test_sizes() -> dict[str, int]:
-    """Each benchmark's test-set size (Table A1's #test)."""
-    a1 = paper_cells("tableA1")
-    return {b: int(a1.value(b, Column(b, "none", "n_test", ()))) for b in ("docci", "dci", "long_dci", "urban1k")}
 
 
 # ---- the truth: per-epoch values ------------------------------------------------------------------

@@ -8,7 +8,7 @@ CPU colour-region segmenter and the pretrained tiny backbone; in the paper profi
 CLIP ViT-L/14-336 through transformers, from pinned downloads. Each writes its files under
 <data_root>/<dataset>/auxiliary/<kind>/ and a provenance record beside them. Both builds are
 sharded: a job killed part-way (SLURM time limit, preemption) resumes from the shards in
-<kind>.jsonl.shards/ when rerun (see hnclip.data.auxiliary.shards).
+<kind>.jsonl.shards/ when rerun (see hnclip.auxiliary.shards).
 """
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def build_auxiliary(reg: Registry, dataset: str, kind: str) -> Path:
         summary = _segments(reg, manifest, out_dir)
         inputs.update({f"model:{k}": v for k, v in model_inputs(reg).items()})
     else:
-        from hnclip.data.auxiliary.edges import EdgeSettings, build_edges
+        from hnclip.auxiliary.edges import EdgeSettings, build_edges
         segments = paths.auxiliary_index(data_root, dataset, "segments")
         summary = build_edges(manifest, segments, out_dir, EdgeSettings(**settings["edges"]))
         inputs["segments"] = segments
@@ -71,7 +71,7 @@ def build_auxiliary(reg: Registry, dataset: str, kind: str) -> Path:
 def _segments(reg: Registry, manifest: Path, out_dir: Path) -> dict:
     import torch
 
-    from hnclip.data.auxiliary.lism import LismSettings, backbone_encoders, build_lism, hf_clip_encoders
+    from hnclip.auxiliary.lism import LismSettings, backbone_encoders, build_lism, hf_clip_encoders
     from hnclip.runtime.device import compute_device
     from hnclip.runtime.gpu_slots import acquire_slot
 
@@ -96,7 +96,7 @@ def _segments(reg: Registry, manifest: Path, out_dir: Path) -> dict:
 
 
 def _segmenter(settings: dict, data_root: str, device: str):
-    from hnclip.data.auxiliary.segments import CpuSegmenter, SamSegmenter
+    from hnclip.auxiliary.segments import CpuSegmenter, SamSegmenter
     if settings["kind"] == "cpu":
         return CpuSegmenter()
     return SamSegmenter(_downloaded(data_root, settings["source"]),

@@ -1,6 +1,6 @@
 """Where a claim's numbers come from: this profile's built results (`ReproducedSource`) or the paper's own
 printed numbers (`PaperSource`). Both answer the same questions (a source's interface, also met by
-hnclip.report.calibration's simulated reproductions):
+hnclip.claims.calibration's simulated reproductions):
 
   has(table, row, part)              whether the row has that (benchmark, direction, metric) cell
   cell(table, row, part, selection)  its draws (estimate, then bootstrap replicates) at an epoch selection
@@ -20,10 +20,10 @@ from typing import Callable
 
 import numpy as np
 
+from hnclip.claims.definitions import statistic_kinds
 from hnclip.config import paths
 from hnclip.config.registry import Registry
 from hnclip.io import read_json, read_jsonl
-from hnclip.report.claims_definitions import statistic_kinds
 from hnclip.report.effects import CellUnavailable, Column, PaperCells, ReproducedCells
 from hnclip.report.uncertainty import Bootstrap
 
@@ -95,7 +95,7 @@ class ReproducedSource:
         return no_interval_reason(statistic)
 
     def step_times(self, table: str, row: str) -> np.ndarray:
-        """A row's optimizer-step seconds per round of the paired timing (hnclip.steps.step_timing)."""
+        """A row's optimizer-step seconds per round of the paired timing (hnclip.commands.step_timing)."""
         path = paths.step_timing()
         if table not in self.reg.params.get("derived_tables", {}) or not path.is_file():
             raise CellUnavailable("no paired step timing in this profile (results/stats/step_timing.json)", table)

@@ -28,7 +28,7 @@ in the rows is relative to the directory of `segments.jsonl`. `sentence_index` i
 A rebuild rewrites the rows and the crops they name; crops of an earlier run with other settings
 stay behind unless out_dir is cleared first.
 
-Extraction is sharded and resumable (`hnclip.data.auxiliary.shards`): every `shard_images` images
+Extraction is sharded and resumable (`hnclip.auxiliary.shards`): every `shard_images` images
 their rows go to `segments.jsonl.shards/shard-NNNNN.jsonl`, and a restarted job (the same manifest,
 segmenter, matcher, settings and batch size) skips the finished shards; `segments.jsonl` is
 assembled from them at the end, byte-identical to an uninterrupted run's.
@@ -45,11 +45,11 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from ...hashing import file_sha256
-from ...io import atomic_path
-from ..manifest import read_manifest
-from .segments import Segment, Segmenter, segmenter_fingerprint, segments_of
-from .shards import DEFAULT_SHARD_ITEMS, build_sharded
+from hnclip.auxiliary.segments import Segment, Segmenter, segmenter_fingerprint, segments_of
+from hnclip.auxiliary.shards import DEFAULT_SHARD_ITEMS, build_sharded
+from hnclip.data.manifest import read_manifest
+from hnclip.hashing import file_sha256
+from hnclip.io import atomic_path
 
 LONG_SENTENCE_MODES = ("skip_image", "truncate")
 
@@ -286,7 +286,7 @@ def backbone_encoders(backbone, device: str = "cpu", batch_size: int = 64) -> En
     """The pipeline's own open_clip backbone (`hnclip.models.factory.Backbone`) as matcher."""
     import torch
 
-    from ...models.towers import encode_image, encode_text
+    from hnclip.models.towers import encode_image, encode_text
 
     model = backbone.model.to(device).eval()
     context = int(backbone.tokenizer.context_length)

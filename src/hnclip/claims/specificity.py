@@ -1,7 +1,7 @@
 """Specificity of the claims' decision rules: would a rule also say "supported" when the claimed effect
 is absent?
 
-`hnclip.report.calibration` asks whether an exact reproduction of the paper passes a rule (its `size`
+`hnclip.claims.calibration` asks whether an exact reproduction of the paper passes a rule (its `size`
 here). This module asks the other side, in two more simulated worlds at the same test sizes:
 
 * **null**: the rows a claim compares are made equal in truth. A contrast's a row takes the truth of its
@@ -24,9 +24,9 @@ reversed, SHIFT beyond the edge; one world per edge, the larger support counts. 
 or caption statistics are not simulated: their null world is not a change of rows, and their specificity
 is NaN with the reason in `specificity_note`.
 
-`python -m hnclip.report.specificity` measures every rule at the paper's test sizes (Table A1), with its
-`size` from the calibration, and writes `claims_specificity.json` beside claims.yaml, each entry with the
-hash of the rule it measured (`rule_hash`): the scorecard reads it (hnclip.report.claims_verdicts), and a
+`python -m hnclip.claims.specificity` measures every rule at the paper's test sizes (Table A1), with its
+`size` from the calibration, and writes `specificity.json` beside claims.yaml, each entry with the
+hash of the rule it measured (`rule_hash`): the scorecard reads it (hnclip.claims.verdicts), and a
 rule edited since is reported as not measured until the file is rewritten.
 
 Unlike the calibration, which draws rows independently (the least favourable case for an exact
@@ -45,8 +45,7 @@ from statistics import NormalDist
 import numpy as np
 import pandas as pd
 
-from hnclip.io import read_json, write_json
-from hnclip.report.calibration import (
+from hnclip.claims.calibration import (
     BatchedCells,
     QueryPool,
     SimulatedSource,
@@ -57,17 +56,17 @@ from hnclip.report.calibration import (
     test_sizes,
     true_recall,
 )
-from hnclip.report.claims_definitions import SPECIFICITY_FILE, claim_definitions, row_of, rule_hash
-from hnclip.report.claims_preconditions import paper_conditions
-from hnclip.report.claims_sources import paper_cells
-from hnclip.report.claims_verdicts import judge_claim
+from hnclip.claims.definitions import SPECIFICITY_FILE, claim_definitions, row_of, rule_hash
+from hnclip.claims.evidence import paper_cells
+from hnclip.claims.preconditions import paper_conditions
+from hnclip.claims.tie import CORRELATION, Z_TIE, TieModel, paper_model, resolved
+from hnclip.claims.verdicts import judge_claim
+from hnclip.io import read_json, write_json
 from hnclip.report.effects import CellUnavailable
-from hnclip.report.tie import Z_TIE, TieModel, paper_model, resolved
 from hnclip.report.uncertainty import Bootstrap, BootstrapSettings
 
 SHIFT = 1.0                       # R@1 points the reversed world moves an effect the other way
 TIMING_SHIFT = 1.1                # the factor the reversed world moves a timing ratio the other way
-CORRELATION = 0.5                 # between two runs' per-query outcomes on one test set (latent, Gaussian)
 WORLDS = ("null", "reversed")
 SIGNED_REDUCERS = (None, "value", "min", "max", "mean", "count_positive", "count_nonnegative")
 
@@ -171,7 +170,7 @@ PROBES = "not a comparison of retrieval cells or a paired timing (gradient probe
 
 
 def closeness_worlds(claim: dict, kind: str) -> list[World] | str:
-    """A closeness claim's worlds, its thresholds resolved (hnclip.report.tie.resolved), one per edge of its
+    """A closeness claim's worlds, its thresholds resolved (hnclip.claims.tie.resolved), one per edge of its
     band: the claimed closeness just absent, the statistic's truth on the edge (null), or SHIFT beyond it
     (reversed). A bound on |a − b| (`abs_mean`, `max_abs`): every a row at its b row ± the bound; a band
     ("between") on a signed statistic: every a row moved so that the paper's number lands on the edge."""
@@ -181,7 +180,7 @@ def closeness_worlds(claim: dict, kind: str) -> list[World] | str:
         return "a closeness claim on more than one contrast: no world of its own"
     table, b_table = spec["table"], spec.get("b_table", spec["table"])
     if any(isinstance(decision.get(k), str) for k in ("threshold", "low", "high")):
-        raise ValueError(f"claim {claim['claim_id']}: resolve its tie expressions first (hnclip.report.tie.resolved)")
+        raise ValueError(f"claim {claim['claim_id']}: resolve its tie expressions first (hnclip.claims.tie.resolved)")
     beyond = SHIFT if kind == "reversed" else 0.0
     worlds = []
     if statistic.get("reduce") in ("abs_mean", "max_abs") and decision["op"] in ("<", "<="):
@@ -327,8 +326,8 @@ SETTINGS = {"sims": 200, "resamples": 100, "seed": 0, "shift": SHIFT}
 def measure_rules(claims: list[dict], sims: int, resamples: int, seed: int,
                   correlation: float = CORRELATION) -> dict[str, dict]:
     """Per claim at the paper's test sizes: `size` (supported in an exact reproduction, independent rows:
-    hnclip.report.calibration), `null_support`, `reversed_support` and the note, with the rule's hash.
-    The ties are the formula's at the paper's sizes with `correlation` (hnclip.report.tie)."""
+    hnclip.claims.calibration), `null_support`, `reversed_support` and the note, with the rule's hash.
+    The ties are the formula's at the paper's sizes with `correlation` (hnclip.claims.tie)."""
     model = paper_model(correlation)
     sizes = support_rates(claims, n_sims=sims, resamples=resamples, seed=seed,
                           model=model).set_index("claim_id")["supported"]
@@ -370,7 +369,7 @@ def rank_correlation(evals: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """python -m hnclip.report.specificity: measure every rule and write claims_specificity.json."""
+    """python -m hnclip.claims.specificity: measure every rule and write specificity.json."""
     import argparse
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--out", type=Path, default=SPECIFICITY_FILE)

@@ -8,9 +8,9 @@ from pathlib import Path
 import torch
 from PIL import Image
 
+from hnclip.auxiliary.caption_filter import filter_caption, structure_chunk_spans
+from hnclip.auxiliary.lism import segment_or_fallback
 from hnclip.config.constants import CONTEXT_LENGTH
-from hnclip.data.auxiliary.caption_filter import filter_caption, structure_chunk_spans
-from hnclip.data.auxiliary.lism import segment_or_fallback
 from hnclip.data.loader import PairDataset
 from hnclip.io import read_jsonl
 from hnclip.losses.goal import GoalBatch, GoalSettings, box_to_patch_indices, patch_mask, sentence_token_span

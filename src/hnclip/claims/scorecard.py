@@ -5,23 +5,23 @@ A claim's statistic is computed from "items" (one value per cell, contrast, benc
 each as draws: estimate then bootstrap replicates, see hnclip.report.effects) reduced to one number; its
 decision (e.g. "count >= 8", "> 0", "between -1 and 1") gives the verdict: supported, contradicted,
 inconclusive, not_testable (with the reason) or not_implemented. Counts of "all N" claims take a tie
-tolerance from one formula (hnclip.report.tie: z times the standard error of a paired single-seed
+tolerance from one formula (hnclip.claims.tie: z times the standard error of a paired single-seed
 contrast on the profile's test sets, with the between-seed term): an item within it of the decision
-counts (hnclip.report.calibration and hnclip.report.specificity measure how often each rule passes an
+counts (hnclip.claims.calibration and hnclip.claims.specificity measure how often each rule passes an
 exact reproduction and an absent effect). The same statistics run on the paper's own printed numbers (where the
 paper prints no table for it, the number its text states): the `paper_verdict` column, and
 `paper_self_consistent` where the paper's own numbers contradict its claim.
 
 One module a job:
-  claims_definitions    claims.yaml's claims and the walk over a statistic's tree
-  claims_sources        where the numbers come from: this profile's results, the paper's printed numbers
-  claims_statistics     the statistic interpreter (contrast, spread, trajectory, ... reduce)
-  claims_probes         the gradient-probe statistics
-  claims_preconditions  real data and the regime preconditions a claim may require
-  claims_verdicts       the verdict categories and rules, a claim judged, the scorecard
+  definitions           claims.yaml's claims and the walk over a statistic's tree
+  evidence              where the numbers come from: this profile's results, the paper's printed numbers
+  statistics            the statistic interpreter (contrast, spread, trajectory, ... reduce)
+  probe_statistics      the gradient-probe statistics
+  preconditions         real data and the regime preconditions a claim may require
+  verdicts              the verdict categories and rules, a claim judged, the scorecard
   tie                   the tie tolerance's formula and the between-seed term
-  claims_render         the scorecard as Markdown
-  claims (this module)  the files it reads and writes, and their provenance
+  markdown              the scorecard as Markdown
+  scorecard (this module) the files it reads and writes, and their provenance
 """
 from __future__ import annotations
 
@@ -29,14 +29,14 @@ import time
 from pathlib import Path
 
 from hnclip import provenance
+from hnclip.claims.definitions import claim_definitions, statistic_leaves, tables_named
+from hnclip.claims.markdown import to_markdown
+from hnclip.claims.preconditions import REGIME_CONDITIONS, as_condition, profile_conditions
+from hnclip.claims.tie import SEED_TABLE, Z_TIE, profile_model
+from hnclip.claims.verdicts import VERDICTS, scorecard
 from hnclip.config import paths
 from hnclip.config.registry import Registry
 from hnclip.io import write_json, write_text
-from hnclip.report.claims_definitions import claim_definitions, statistic_leaves, tables_named
-from hnclip.report.claims_preconditions import REGIME_CONDITIONS, as_condition, profile_conditions
-from hnclip.report.claims_render import to_markdown
-from hnclip.report.claims_verdicts import VERDICTS, scorecard
-from hnclip.report.tie import SEED_TABLE, Z_TIE, profile_model
 from hnclip.report.uncertainty import Bootstrap, BootstrapSettings
 
 __all__ = ["CLAIMS_CSV", "CLAIMS_MD", "CLAIMS_PROVENANCE", "VERDICTS", "build_claims", "claims_inputs",
@@ -65,7 +65,7 @@ def claims_inputs(reg: Registry) -> list[Path]:
                      for cell in reg.figure_cells(reg.params["figures"][name])})
     if reg.params.get("regime_targets"):
         files.append(paths.regime_report("json"))
-    # the tie tolerance's seed replicates (hnclip.report.tie.profile_model; its test-set sizes are the zero-shot
+    # the tie tolerance's seed replicates (hnclip.claims.tie.profile_model; its test-set sizes are the zero-shot
     # evaluations', above with their tables)
     files += [paths.table(SEED_TABLE, "csv")] if SEED_TABLE in reg.tables else []
     return list(dict.fromkeys(files))

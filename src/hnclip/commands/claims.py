@@ -16,5 +16,5 @@ def build_effects(reg: Registry, table: str) -> list[Path]:
 
 
 def build_claims(reg: Registry) -> list[Path]:
-    from hnclip.report.claims import build_claims as build
+    from hnclip.claims.scorecard import build_claims as build
     return build(reg)

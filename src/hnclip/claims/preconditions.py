@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hnclip.claims.evidence import PaperSource
 from hnclip.config import paths
 from hnclip.config.registry import Registry
 from hnclip.io import read_json
-from hnclip.report.claims_sources import PaperSource
 
 
 @dataclass(frozen=True)

@@ -1,17 +1,24 @@
 """The claims of claims.yaml as data, and the walk over a claim's statistic tree.
 
 A statistic is a leaf (one kind: contrast, spread, trajectory, order_preserved, probe, caption_geometry,
-paired_timing; see hnclip.report.claims_statistics) or a `difference` / `concat` of statistics."""
+paired_timing; see hnclip.claims.statistics) or a `difference` / `concat` of statistics."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from pathlib import Path
 
-from hnclip.io import read_json
-from hnclip.report.effects import definitions
+from hnclip.config.params import read_yaml
+from hnclip.io import package_text, read_json
 
 COMPOSITES = ("difference", "concat")  # statistics built of other statistics
+
+
+@functools.lru_cache(maxsize=1)
+def definitions() -> dict:
+    """claims.yaml: the claims and the regime preconditions they may require."""
+    return read_yaml(package_text(__package__, "claims.yaml"))  # libyaml's loader: the Snakefile reads it too
 
 
 def claim_definitions() -> list[dict]:
@@ -19,8 +26,8 @@ def claim_definitions() -> list[dict]:
     return definitions()["claims"]
 
 
-# Each rule's measured specificity at the paper's test sizes (`python -m hnclip.report.specificity`)
-SPECIFICITY_FILE = Path(__file__).with_name("claims_specificity.json")
+# Each rule's measured specificity at the paper's test sizes (`python -m hnclip.claims.specificity`)
+SPECIFICITY_FILE = Path(__file__).with_name("specificity.json")
 NULL_SUPPORT_MAX = 0.10   # "supported" needs a rule that says so at most this often without the effect
 SIZE_MIN = 0.90           # ... and at least this often for an exact reproduction of the paper
 

@@ -25,9 +25,9 @@ from hnclip.config.constants import ADAPTER_FRAMEWORKS, AUXILIARY_INPUTS, TRAINE
 from hnclip.config.registry import Registry
 from hnclip.data.real import PAPER_TABLE_A1
 from hnclip.data.source_tables import PUBLIC, profile_source, table_name
-from hnclip.report.plan_model_size import adapter_parameters, clip_parameters, model_config
-from hnclip.report.plan_rates import Rate, rate_class
-from hnclip.report.plan_settings import Settings
+from hnclip.plan.model_size import adapter_parameters, clip_parameters, model_config
+from hnclip.plan.rates import Rate, rate_class
+from hnclip.plan.settings import Settings
 
 GB = 1e9
 # Host memory the process holds before any model: interpreter, torch and (on an accelerator) its runtime.
@@ -55,7 +55,7 @@ class Job:
 
 
 def evaluation_encodes(reg: Registry, run_id: str, benchmark: str) -> bool:
-    """Does `hnclip evaluate` encode (hnclip.steps.evaluate)? For the zero-shot backbone and for benchmarks
+    """Does `hnclip evaluate` encode (hnclip.commands.evaluate)? For the zero-shot backbone and for benchmarks
     outside the run's training-time evaluation; otherwise it selects from the training record."""
     return reg.is_zeroshot(run_id) or benchmark not in reg.eval_benchmarks(reg.run(run_id).train_set)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import bisect
 import re
 
-from hnclip.data.auxiliary.structxlip_lexicon import (
+from hnclip.auxiliary.structxlip_lexicon import (
     COLORS,
     INSECT_TERMS,
     MATERIALS,

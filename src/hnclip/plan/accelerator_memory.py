@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 from hnclip.config.constants import ADAPTER_FRAMEWORKS, CONTEXT_LENGTH, TRAINED_FRAMEWORKS
 from hnclip.config.registry import Registry
-from hnclip.report.plan_model_size import adapter_parameters, clip_parameters, model_config, text_tower_parameters
+from hnclip.plan.model_size import adapter_parameters, clip_parameters, model_config, text_tower_parameters
 from hnclip.training.memory_plan import MemoryPlan
 
 GB = 1e9
@@ -194,7 +194,7 @@ def plan_label(plan: tuple[int, bool] | None) -> str:
 def format_memory(entries: list[FrameworkMemory], cards: tuple[int, ...] = CARDS_GB) -> list[str]:
     """The memory section of `hnclip plan` (and the table of docs/paper-run.md)."""
     lines = [f"Accelerator memory per training step (GB; fits when the model's peak is at most "
-             f"{USABLE_FRACTION:.0%} of the card; hnclip.report.plan_memory):",
+             f"{USABLE_FRACTION:.0%} of the card; hnclip.plan.accelerator_memory):",
              f"  {'kind':<11} {'runs':>4} {'prec':>5} {'fixed':>6} {'per pair':>8} {'start':>6} {'peak':>6}  "
              + " ".join(f"{f'{gb} GB':>12}" for gb in cards)]
     for entry in entries:

@@ -8,7 +8,7 @@ writes `tie` (a statistic's `tolerance: tie`, a decision's `threshold: -tie`), a
 
 the standard error of one paired contrast of two single-seed runs on a test set of n queries: the query
 term at the largest binomial variance (p = 0.5, so no result is read), with the between-run correlation of
-per-query outcomes rho measured on this project's runs (claims_specificity.json's settings), plus the
+per-query outcomes rho measured on this project's runs (specificity.json's settings), plus the
 between-seed term (each run's seed moves its R@1 by seed_sd, independently). n is the smallest test set
 the claim reads; seed_sd comes from a table of seed replicates (Table A8): this profile's own where built,
 else the paper's. One Z_TIE for every claim.
@@ -28,9 +28,15 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from hnclip.report.claims_definitions import statistic_leaves
+from hnclip.claims.definitions import SPECIFICITY_FILE, statistic_leaves
+from hnclip.claims.evidence import paper_cells
+from hnclip.config import paths
+from hnclip.io import read_json
+from hnclip.report.effects import Column
 
 Z_TIE = 1.96          # a tie: within the two-sided 95 % band of a contrast that is zero in truth
+CORRELATION = 0.5     # default between-run correlation of per-query outcomes on one test set (latent, Gaussian),
+                      # where specificity.json records no measured one
 QUERY_P = 0.5         # the largest binomial variance: the formula reads no result
 SEED_TABLE = "tableA8"
 SEED_COLUMNS = [("long_dci", "t2i", "R@1"), ("long_dci", "i2t", "R@1")]
@@ -142,8 +148,6 @@ def _seed_pairs(value) -> list[tuple[float, float]]:
 
 
 def paper_seed_sd() -> tuple[float, str]:
-    from hnclip.report.claims_sources import paper_cells
-    from hnclip.report.effects import Column
     cells = paper_cells(SEED_TABLE)
     pairs = _seed_pairs(lambda row, c: cells.value(row, Column(*c, parts=(c,))))
     return math.sqrt(seed_variance(pairs)), f"the paper's Table A8 ({len(pairs)} R@1 pairs of seeds 42/43)"
@@ -166,19 +170,21 @@ def table_seed_sd(csv: Path) -> tuple[float, str] | None:
     return math.sqrt(seed_variance(pairs)), f"this profile's Table A8 ({len(pairs)} R@1 pairs of seeds 42/43, {csv})"
 
 
+def test_sizes() -> dict[str, int]:
+    """Each benchmark's test-set size (Table A1's #test)."""
+    a1 = paper_cells("tableA1")
+    return {b: int(a1.value(b, Column(b, "none", "n_test", ()))) for b in ("docci", "dci", "long_dci", "urban1k")}
+
+
 @functools.lru_cache(maxsize=None)
 def paper_model(correlation: float) -> TieModel:
     """The formula at the paper's test sizes (Table A1) with the paper's seed spread."""
-    from hnclip.report.calibration import test_sizes
     sd, source = paper_seed_sd()
     return TieModel(test_sizes(), correlation, sd, source)
 
 
 def measured_correlation() -> float:
-    """The between-run correlation recorded beside the rules (claims_specificity.json), else the default."""
-    from hnclip.io import read_json
-    from hnclip.report.claims_definitions import SPECIFICITY_FILE
-    from hnclip.report.specificity import CORRELATION
+    """The between-run correlation recorded beside the rules (specificity.json), else the default."""
     if SPECIFICITY_FILE.is_file():
         return float(read_json(SPECIFICITY_FILE)["settings"]["correlation"])
     return CORRELATION
@@ -187,8 +193,6 @@ def measured_correlation() -> float:
 def profile_model(reg, correlation: float | None = None) -> TieModel:
     """The formula on a profile: its test sets' sizes (the zero-shot evaluations' query counts; the paper's
     Table A1 where not evaluated yet) and the seed SD of its own Table A8 where built, else the paper's."""
-    from hnclip.config import paths
-    from hnclip.io import read_json
     sizes, read = dict(paper_model(0.0).sizes), []
     for bench in reg.params["benchmarks"]:
         path = paths.evaluation(reg.zeroshot_id(), bench)

@@ -3,7 +3,7 @@
 Copied verbatim (order kept) from `DEFAULT_VOCAB` (lines 61-102) and `STOPWORDS` (lines 6-27, sorted here) of
 structxlip/text_filters.py in intelligolabs/StructXLIP at commit bd63274c20b173b5e4457390730665658b15e8f3
 (git blob 2e91b9ab172d0230edacaf6363a0b081023c064f). The release generated them with an LLM; the lists
-themselves ship with the code. `hnclip.data.auxiliary.caption_filter` applies them as the release does.
+themselves ship with the code. `hnclip.auxiliary.caption_filter` applies them as the release does.
 
 Content pins: `RELEASE_SHA256` holds, per list, the sha256 of the list as the release's file has it
 (`list_sha256`: canonical JSON of the list in the release's order, STOPWORDS sorted since the release keeps
@@ -13,7 +13,7 @@ import. The pins were computed from the release's file itself,
 https://github.com/intelligolabs/StructXLIP/blob/bd63274c20b173b5e4457390730665658b15e8f3/structxlip/text_filters.py
 (sha256 5345793de693d0ba410b77733aaf5ebf20321d899b117861a0f29cdbc4e63445), with
   git show bd63274c20b173b5e4457390730665658b15e8f3:structxlip/text_filters.py > text_filters.py
-  python -c "from hnclip.data.auxiliary.structxlip_lexicon import *; \
+  python -c "from hnclip.auxiliary.structxlip_lexicon import *; \
              print({k: list_sha256(v) for k, v in lists_from_release(open('text_filters.py').read()).items()})"
 """
 from __future__ import annotations

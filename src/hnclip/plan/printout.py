@@ -2,8 +2,8 @@
 peak disk, the critical path, the SLURM settings derived from the plan and the accelerator memory per run."""
 from __future__ import annotations
 
-from hnclip.report.plan import Plan
-from hnclip.report.plan_memory import format_memory
+from hnclip.plan.accelerator_memory import format_memory
+from hnclip.plan.cost_plan import Plan
 
 
 def _hours(value: float) -> str:

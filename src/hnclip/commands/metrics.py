@@ -1,18 +1,21 @@
-"""Headline numbers for `dvc metrics` and the convergence curves for `dvc plots`, from the tables,
-the claims scorecard and the evaluation records the workflow wrote. Plain numbers only: DVC diffs
-them across commits and experiments; where they come from goes into a sibling provenance record
-(see hnclip.steps.metrics)."""
+"""`hnclip metrics`: results/metrics.json (headline numbers, what `dvc metrics show/diff` and
+`dvc exp show` display), results/plots/convergence.csv (the convergence curves `dvc plots show`
+draws) and results/metrics.provenance.json (what both were computed from), from the tables, the claims
+scorecard and the evaluation records the workflow wrote. Plain numbers only: DVC diffs them across
+commits and experiments; where they come from goes into the sibling provenance record."""
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pandas as pd
 
+from hnclip import provenance
+from hnclip.claims.scorecard import CLAIMS_CSV, VERDICTS
 from hnclip.config import paths
 from hnclip.config.cells import AVG
 from hnclip.config.registry import Registry
-from hnclip.io import read_json
-from hnclip.report.claims import CLAIMS_CSV, VERDICTS
+from hnclip.io import read_json, write_json, write_text
 
 METRICS = paths.RESULTS / "metrics.json"
 PROVENANCE = paths.RESULTS / "metrics.provenance.json"
@@ -118,3 +121,18 @@ def headline_metrics(reg: Registry) -> dict:
                        for bench, values in headline(reg).items()}
     out["claims"] = claim_counts(pd.read_csv(CLAIMS_CSV))
     return out
+
+
+def write_metrics(reg: Registry) -> list[Path]:
+    """Write the metrics, the convergence curves and their provenance; return their paths."""
+    started = time.time()
+    write_json(METRICS, headline_metrics(reg))
+    write_text(CONVERGENCE, convergence_rows(reg).to_csv(index=False))
+    written = [METRICS, CONVERGENCE]
+    record = provenance.record(
+        "metrics", inputs=inputs(reg), wall_time_s=time.time() - started,
+        params={"profile": reg.profile_name, "headline_methods": list(HEADLINE_METHODS),
+                "headline_selection": HEADLINE_SELECTION, "seeds": reg.profile["seeds"]},
+        extra={"outputs": {str(p): provenance.file_sha256(p) for p in written}})
+    write_json(PROVENANCE, record)
+    return written + [PROVENANCE]

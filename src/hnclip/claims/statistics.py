@@ -8,7 +8,7 @@ the items into one (REDUCERS, with the statistic's tie `tolerance`). The kinds (
   spread            per column, the largest minus the smallest value over the rows
   trajectory        per row and column, a TRAJECTORY_MEASURES measure over the evaluated epochs
   order_preserved   per pair of rows and column, whether a replicate keeps the reference's order
-  probe             gradient-probe measures (hnclip.report.claims_probes)
+  probe             gradient-probe measures (hnclip.claims.probe_statistics)
   caption_geometry  a caption-statistics field per benchmark
   paired_timing     one row's optimizer steps over another's, timed in turn on the same batches
 """
@@ -19,10 +19,10 @@ from typing import Callable
 
 import numpy as np
 
+from hnclip.claims.definitions import row_of
+from hnclip.claims.evidence import paper_geometry
+from hnclip.claims.probe_statistics import probe_items
 from hnclip.config.registry import NOT_IMPLEMENTED
-from hnclip.report.claims_definitions import row_of
-from hnclip.report.claims_probes import probe_items
-from hnclip.report.claims_sources import paper_geometry
 from hnclip.report.effects import CellUnavailable, Column, aligned
 
 
@@ -174,7 +174,7 @@ def _caption_geometry(spec: dict, source) -> list[np.ndarray]:
 
 def _paired_timing(spec: dict, source) -> list[np.ndarray]:
     """The median over rounds of numerator / denominator step seconds, the rounds resampled (their interval):
-    the runs' optimizer steps were taken in turn on the same batches (hnclip.steps.step_timing)."""
+    the runs' optimizer steps were taken in turn on the same batches (hnclip.commands.step_timing)."""
     numerator, denominator = (source.step_times(spec["table"], spec[key]) for key in ("numerator", "denominator"))
     if len(numerator) != len(denominator):
         raise ValueError(f"paired timing: {len(numerator)} and {len(denominator)} rounds")

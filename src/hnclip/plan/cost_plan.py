@@ -4,12 +4,12 @@ For every job of the profile's DAG that computes (each training run of the regis
 build, each evaluation and caption-statistics job) the plan counts the images it processes, turns
 them into hours at stated rates, adds the disk the downloads and the runs' checkpoints take, and finds
 the critical path: the longest chain of dependent jobs, the least wall time on any number of GPUs.
-The pieces: the rates (`plan_rates`), the settings (`plan_settings`), the model's size
-(`plan_model_size`), each job's images, hours, disk and memory (`plan_estimates`) and the printed
-text (`plan_render`).
+The pieces: the rates (`rates`), the settings (`settings`), the model's size
+(`model_size`), each job's images, hours, disk and memory (`estimates`) and the printed
+text (`printout`).
 
 The accelerator memory each kind of training run needs, and which plan of the out-of-memory ladder fits
-24-80 GB cards, comes from the shapes (`plan_memory`).
+24-80 GB cards, comes from the shapes (`accelerator_memory`).
 
 The workflow books each job's SLURM time limit from the same estimate (`Plan.time_limit_min`:
 safety_factor x estimate + startup_min, rounded up to 5 minutes, times the attempt, capped at the
@@ -23,15 +23,15 @@ from dataclasses import dataclass, field
 
 from hnclip.config.registry import Registry
 from hnclip.errors import UserError
-from hnclip.report.plan_estimates import Job, ProfileEstimates
-from hnclip.report.plan_memory import FrameworkMemory, memory_model
-from hnclip.report.plan_rates import PAPER_MODEL, PAPER_RATES, Rate, read_rates
-from hnclip.report.plan_settings import Settings, settings_of
+from hnclip.plan.accelerator_memory import FrameworkMemory, memory_model
+from hnclip.plan.estimates import Job, ProfileEstimates
+from hnclip.plan.rates import PAPER_MODEL, PAPER_RATES, Rate, read_rates
+from hnclip.plan.settings import Settings, settings_of
 
 # Rules whose SLURM time limit comes from the plan (workflow/rules/*.smk: `runtime=planned_runtime(...)`).
 PLANNED_RULES = ("train", "auxiliary_segments", "auxiliary_edges", "evaluate", "caption_stats")
 # A killed job of these rules resumes on its retry: training from .cache/checkpoints/<run>/last.pt, the
-# auxiliary builds from their shards (hnclip.data.auxiliary.shards). An evaluation starts over.
+# auxiliary builds from their shards (hnclip.auxiliary.shards). An evaluation starts over.
 RESUMABLE_RULES = ("train", "auxiliary_segments", "auxiliary_edges")
 
 
