@@ -76,20 +76,20 @@ def test_gamma_zero_equals_infonce_and_open_clip():
     assert torch.allclose(ContrastiveLoss()(img, txt, scale), ours)
 
 
-def test_no_gradient_flows_into_margin_features():
+def test_no_gradient_flows_into_g_features():
     img, txt = _features(seed=5)
     margin = F.normalize(torch.randn(6, 8, dtype=torch.float64), dim=-1).requires_grad_(True)
-    loss = hn_loss(img, txt, 100.0, 0.5, margin_features=margin)
+    loss = hn_loss(img, txt, 100.0, 0.5, g_features=margin)
     grad_margin, = torch.autograd.grad(loss, margin, allow_unused=True)
     assert grad_margin is None
     # With the live text features as margin source, the text gradient equals the gradient with G
     # supplied as a constant: the G path contributes nothing.
     live = torch.autograd.grad(hn_loss(img, txt, 100.0, 0.5), txt)[0]
-    constant = torch.autograd.grad(hn_loss(img, txt, 100.0, 0.5, margin_features=txt.detach().clone()), txt)[0]
+    constant = torch.autograd.grad(hn_loss(img, txt, 100.0, 0.5, g_features=txt.detach().clone()), txt)[0]
     assert torch.allclose(live, constant, atol=1e-14)
 
 
-def test_margin_features_are_used_when_given():
+def test_g_features_are_used_when_given():
     img, txt = _features(seed=6)
     other = F.normalize(torch.randn(6, 8, dtype=torch.float64), dim=-1)
     assert not torch.allclose(hn_loss(img, txt, 50.0, 0.5), hn_loss(img, txt, 50.0, 0.5, other))

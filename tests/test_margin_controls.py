@@ -136,7 +136,7 @@ def test_micro_batch_and_compute_batch_paths_give_the_same_losses_and_gradients(
     expected = grads(model)
     model.zero_grad(set_to_none=True)
     records = compute_batch_backward(model, batches, objective, None, contextlib.nullcontext, lambda r: None,
-                                     MICRO * ACCUM, MICRO, margin_keys=KEYS)
+                                     MICRO * ACCUM, MICRO, shuffle_keys=KEYS)
     assert [r["hn"] for r in records] == pytest.approx(micro, rel=1e-5)
     for name, grad in expected.items():
         assert float((grads(model)[name] - grad).norm() / grad.norm()) <= 1e-5, name
@@ -154,7 +154,7 @@ def test_micro_batch_and_compute_batch_paths_give_the_same_losses_and_gradients(
 def test_exact_batch_is_one_softmax_with_the_groups_controlled_margins(tiny_state, objective):
     batches = accumulation_group()
     model = tiny_model(tiny_state)
-    record = exact_batch_backward(model, batches, objective, margin_key=KEYS[0])
+    record = exact_batch_backward(model, batches, objective, shuffle_key=KEYS[0])
     exact = grads(model)
     model.zero_grad(set_to_none=True)
     images, tokens = torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])

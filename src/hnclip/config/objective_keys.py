@@ -14,7 +14,7 @@ One name per concept. `margin` is the params.yaml key of the *margin source* (G 
 encoder or from a frozen copy of the initial one); the key keeps its name because it is part of every run
 id, and the code calls the concept `margin_source`. The other margin concepts: `margin_control` (Table
 X1's replacement of G_bar), the *margin features* (the text features G is the cosine matrix of,
-`margin_features`) and the *shuffle key* (the (epoch, micro-batch) of a contrastive group, which seeds
+`g_features`) and the *shuffle key* (the (epoch, micro-batch) of a contrastive group, which seeds
 its shuffled margins). FineLIP's `frameworks.finelip.margin` is that framework's hinge margin, a setting
 of its own.
 """

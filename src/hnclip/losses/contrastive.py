@@ -28,12 +28,12 @@ def symmetric_cross_entropy(logits: torch.Tensor) -> torch.Tensor:
     return (F.cross_entropy(logits, targets) + F.cross_entropy(logits.t(), targets)) / 2
 
 
-def margin_matrix(margin_features: torch.Tensor, gamma: float, margin_control: str = "none",
+def margin_matrix(g_features: torch.Tensor, gamma: float, margin_control: str = "none",
                   generator: torch.Generator | None = None) -> torch.Tensor:
     """gamma * G_bar: detached text-text cosine with a zero diagonal (paper Eq. 2), or one of its
     controls (`constant_margins`, `shuffled_margins`; `generator` draws the shuffle)."""
     # At least fp32 (bf16 features under autocast), never lower than the input's precision.
-    feats = margin_features.detach()
+    feats = g_features.detach()
     feats = F.normalize(feats.to(torch.promote_types(feats.dtype, torch.float32)), dim=-1)
     margins = gamma * (feats @ feats.t())
     margins.fill_diagonal_(0.0)
@@ -78,12 +78,12 @@ def infonce_logits(image_features: torch.Tensor, text_features: torch.Tensor,
 
 
 def hn_logits(image_features: torch.Tensor, text_features: torch.Tensor, logit_scale: torch.Tensor | float,
-              gamma: float, margin_features: torch.Tensor | None = None, margin_control: str = "none",
+              gamma: float, g_features: torch.Tensor | None = None, margin_control: str = "none",
               generator: torch.Generator | None = None) -> torch.Tensor:
     """s * (S + gamma * G_bar) (or a margin control of G_bar); G is that of the `text_features` themselves
-    (the live encoder's) unless other `margin_features` are given (e.g. a frozen initial text tower's)."""
+    (the live encoder's) unless other `g_features` are given (e.g. a frozen initial text tower's)."""
     sims = image_features @ text_features.t()
-    margins = margin_matrix(text_features if margin_features is None else margin_features, gamma,
+    margins = margin_matrix(text_features if g_features is None else g_features, gamma,
                             margin_control, generator)
     return logit_scale * (sims + margins.to(sims.dtype))
 
@@ -95,11 +95,11 @@ def infonce_loss(image_features: torch.Tensor, text_features: torch.Tensor,
 
 
 def hn_loss(image_features: torch.Tensor, text_features: torch.Tensor, logit_scale: torch.Tensor | float,
-            gamma: float, margin_features: torch.Tensor | None = None, margin_control: str = "none",
+            gamma: float, g_features: torch.Tensor | None = None, margin_control: str = "none",
             generator: torch.Generator | None = None) -> torch.Tensor:
     """L_HN (paper Eq. 2): InfoNCE on the logits s * (S + gamma * G_bar) (`hn_logits`); the positive must
     beat each negative j by gamma * G_ij. gamma = 0 is exactly InfoNCE."""
-    return symmetric_cross_entropy(hn_logits(image_features, text_features, logit_scale, gamma, margin_features,
+    return symmetric_cross_entropy(hn_logits(image_features, text_features, logit_scale, gamma, g_features,
                                              margin_control, generator))
 
 

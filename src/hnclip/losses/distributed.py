@@ -61,10 +61,10 @@ def all_gather_with_grad(tensor: torch.Tensor, group=None) -> torch.Tensor:
 
 
 def gather_features(image_features: torch.Tensor, text_features: torch.Tensor,
-                    margin_text_features: torch.Tensor | None = None, group=None):
+                    g_text_features: torch.Tensor | None = None, group=None):
     """(image, text, margin) features of the global batch; margin features (the frozen-G source)
     are detached already and only gathered, so G is built from all captions of the batch."""
-    gathered_margin = None if margin_text_features is None else all_gather_with_grad(margin_text_features, group)
+    gathered_margin = None if g_text_features is None else all_gather_with_grad(g_text_features, group)
     return all_gather_with_grad(image_features, group), all_gather_with_grad(text_features, group), gathered_margin
 
 

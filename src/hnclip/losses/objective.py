@@ -29,7 +29,6 @@ from hnclip.models.towers import Encoded, encode_batch, encode_text
 TOKEN_LOSS_CHUNK = 16  # captions per chunk of the token-level term: bounds its memory at paper scale
 Autocast = Callable[[], ContextManager]  # a fresh precision context per forward
 ShuffleKey = tuple[int, int]  # (epoch, micro-batch index within the epoch) of a contrastive group
-MarginKey = ShuffleKey  # the shuffle key's former name, still imported by training.compute_batch and exact_batch
 
 
 def as_float32(tensor: torch.Tensor | None) -> torch.Tensor | None:
@@ -60,7 +59,7 @@ def shuffle_generator(objective: dict, shuffle_key: ShuffleKey | None) -> torch.
     return torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1)  # within int64
 
 
-def frozen_margin_features(frozen_text, tokens: torch.Tensor, objective: dict) -> torch.Tensor | None:
+def frozen_g_features(frozen_text, tokens: torch.Tensor, objective: dict) -> torch.Tensor | None:
     """The margin features of a frozen margin source (Table 3c): the text features of the frozen initial
     text tower; None when G comes from the live text features."""
     if objective["gamma"] <= 0 or margin_source(objective) != "frozen":
@@ -69,26 +68,26 @@ def frozen_margin_features(frozen_text, tokens: torch.Tensor, objective: dict) -
         return encode_text(frozen_text, tokens)
 
 
-def global_logits(image_features, text_features, logit_scale, objective: dict, margin_features=None,
+def global_logits(image_features, text_features, logit_scale, objective: dict, g_features=None,
                   shuffle_key: ShuffleKey | None = None) -> dict[str, torch.Tensor]:
     """The logits of the objective's global terms on the global batch (features in fp32, gathered across
     processes): `infonce` (s * S) and, when gamma > 0, `hn` (s * (S + gamma * G_bar), or a margin control
     of G_bar, shuffled by the group's `shuffle_key`). Every objective key the global terms depend on is
     read here and nowhere else."""
-    image_features, text_features, margin_features = gather_features(
-        as_float32(image_features), as_float32(text_features), margin_features)
+    image_features, text_features, g_features = gather_features(
+        as_float32(image_features), as_float32(text_features), g_features)
     logits = {"infonce": infonce_logits(image_features, text_features, logit_scale)}
     if objective["gamma"] > 0:
-        logits["hn"] = hn_logits(image_features, text_features, logit_scale, objective["gamma"], margin_features,
+        logits["hn"] = hn_logits(image_features, text_features, logit_scale, objective["gamma"], g_features,
                                  margin_control(objective), shuffle_generator(objective, shuffle_key))
     return logits
 
 
 def contrastive_terms(image_features, text_features, logit_scale, objective: dict,
-                      margin_features=None, shuffle_key: ShuffleKey | None = None) -> dict[str, torch.Tensor]:
+                      g_features=None, shuffle_key: ShuffleKey | None = None) -> dict[str, torch.Tensor]:
     """The global terms (`global_logits`' symmetric cross-entropies): `hn` and `infonce` (no gradient: the
     saturation diagnostic of paper Fig. 4, logged even when L_HN is trained), or `infonce` alone (gamma 0)."""
-    logits = global_logits(image_features, text_features, logit_scale, objective, margin_features, shuffle_key)
+    logits = global_logits(image_features, text_features, logit_scale, objective, g_features, shuffle_key)
     trained = trained_term(objective)
     terms = {trained: symmetric_cross_entropy(logits[trained])}
     with torch.no_grad():
@@ -103,11 +102,11 @@ def token_term(encoded: Encoded, logit_scale) -> torch.Tensor:
 
 
 def group_terms(encoded: Encoded, scale: torch.Tensor, objective: dict,
-                margin_features: torch.Tensor | None = None,
+                g_features: torch.Tensor | None = None,
                 shuffle_key: ShuffleKey | None = None) -> dict[str, torch.Tensor]:
     """The objective's named terms on one contrastive group (the features of one micro-batch);
     `total` is what is back-propagated."""
-    terms = contrastive_terms(encoded.image_features, encoded.text_features, scale, objective, margin_features,
+    terms = contrastive_terms(encoded.image_features, encoded.text_features, scale, objective, g_features,
                               shuffle_key)
     total = terms[trained_term(objective)]
     if objective["lambda_tok"] > 0:
@@ -123,5 +122,5 @@ def loss_terms(model, images, tokens, objective: dict, frozen_text=None,
     """The objective's named terms for one micro-batch (its forward, then `group_terms`)."""
     with autocast():
         encoded = encode_batch(model, images, tokens, with_tokens=objective["lambda_tok"] > 0)
-        margin_features = frozen_margin_features(frozen_text, tokens, objective)
-    return group_terms(encoded, model.logit_scale.exp(), objective, margin_features, shuffle_key)
+        g_features = frozen_g_features(frozen_text, tokens, objective)
+    return group_terms(encoded, model.logit_scale.exp(), objective, g_features, shuffle_key)

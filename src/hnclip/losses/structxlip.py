@@ -27,7 +27,7 @@ from .objective import (
     Autocast,
     as_float32,
     contrastive_terms,
-    frozen_margin_features,
+    frozen_g_features,
     trained_term,
 )
 
@@ -160,7 +160,7 @@ def structxlip_loss_terms(model, batch: StructXBatch, objective: dict, settings:
         images = torch.cat([batch.images, batch.edge_images, batch.edge_crops.flatten(0, 1)])
         image_out = model.visual(images)
         text_out, hidden = encode_text_states(model, torch.cat([batch.tokens, batch.filtered_tokens]), span_end)
-        margin_features = frozen_margin_features(frozen_text, batch.tokens, objective)
+        g_features = frozen_g_features(frozen_text, batch.tokens, objective)
     # Released: the chunks are pooled and go through the final LN (again) and the projection in
     # compute_local_structure_centric_loss (losses.py:171-187), outside Fabric's autocast: in fp32.
     chunk_hidden = hidden[:n] if settings["chunk_tokens"] == "unfiltered" else hidden[n:]
@@ -170,7 +170,7 @@ def structxlip_loss_terms(model, batch: StructXBatch, objective: dict, settings:
     t, t_filtered = as_float32(text_out).split([n, n])
     scale = model.logit_scale.exp()
 
-    terms = contrastive_terms(F.normalize(v, dim=-1), F.normalize(t, dim=-1), scale, objective, margin_features)
+    terms = contrastive_terms(F.normalize(v, dim=-1), F.normalize(t, dim=-1), scale, objective, g_features)
     terms["g"] = terms[trained_term(objective)]
     has = batch.has_edge
     if has.any():

@@ -29,13 +29,13 @@ from dataclasses import fields
 
 import torch
 
-from hnclip.losses.objective import Autocast, MarginKey, frozen_margin_features, group_terms
+from hnclip.losses.objective import Autocast, ShuffleKey, frozen_g_features, group_terms
 from hnclip.models.towers import Encoded, encode_batch
 from hnclip.training.memory import micro_batches_per_forward
 
 MicroBatch = tuple[torch.Tensor, torch.Tensor]  # (images, tokens), on the device
 # (encoded rows of one group, exponentiated logit scale, objective, frozen-G features or None) -> named terms;
-# given margin keys, the group's key comes as a fifth argument (`group_terms` takes it)
+# given shuffle keys, the group's key comes as a fifth argument (`group_terms` takes it)
 GroupTerms = Callable[..., dict[str, torch.Tensor]]
 
 
@@ -47,17 +47,17 @@ def encoded_rows(encoded: Encoded, rows: slice) -> Encoded:
 
 def compute_batch_backward(model, batches: list[MicroBatch], objective: dict, frozen_text, autocast: Autocast,
                            check: Callable[[dict], None], compute_batch: int, micro_batch: int,
-                           terms: GroupTerms = group_terms, margin_keys: list[MarginKey] | None = None,
+                           terms: GroupTerms = group_terms, shuffle_keys: list[ShuffleKey] | None = None,
                            before_forward: Callable[[int], None] = lambda pairs: None) -> list[dict]:
     """Accumulate one accumulation group's gradient into .grad, encoding `compute_batch` pairs per
     forward; returns one record of float loss terms per micro-batch, in order. `check(record)` sees
     every record of a forward before its backward. `terms` computes one group's terms (frameworks
-    with their own in-batch losses pass theirs). `margin_keys`: each micro-batch's margin key (a
+    with their own in-batch losses pass theirs). `shuffle_keys`: each micro-batch's shuffle key (a
     shuffled-G objective needs them). `before_forward(pairs)` sees each forward's size first."""
     per_forward = micro_batches_per_forward(compute_batch, micro_batch)
-    keys = list(margin_keys) if margin_keys is not None else [None] * len(batches)
+    keys = list(shuffle_keys) if shuffle_keys is not None else [None] * len(batches)
     if len(keys) != len(batches):
-        raise ValueError(f"{len(keys)} margin keys for {len(batches)} micro-batches")
+        raise ValueError(f"{len(keys)} shuffle keys for {len(batches)} micro-batches")
     records = []
     for start in range(0, len(batches), per_forward):
         chunk = batches[start:start + per_forward]
@@ -69,17 +69,17 @@ def compute_batch_backward(model, batches: list[MicroBatch], objective: dict, fr
 
 def _forward_backward(model, chunk: list[MicroBatch], group_size: int, objective: dict, frozen_text,
                       autocast: Autocast, check: Callable[[dict], None], terms: GroupTerms,
-                      margin_keys: list[MarginKey | None]) -> list[dict]:
+                      shuffle_keys: list[ShuffleKey | None]) -> list[dict]:
     tokens = torch.cat([t for _, t in chunk])
     with autocast():
         encoded = encode_batch(model, torch.cat([i for i, _ in chunk]), tokens, with_tokens=objective["lambda_tok"] > 0)
-        margin_features = frozen_margin_features(frozen_text, tokens, objective)
+        g_features = frozen_g_features(frozen_text, tokens, objective)
     scale = model.logit_scale.exp()
     group_losses, start = [], 0
-    for (images, _), key in zip(chunk, margin_keys, strict=True):
+    for (images, _), key in zip(chunk, shuffle_keys, strict=True):
         rows = slice(start, start + images.shape[0])
         start = rows.stop
-        margin = None if margin_features is None else margin_features[rows]
+        margin = None if g_features is None else g_features[rows]
         keyed = () if key is None else (key,)
         group_losses.append(terms(encoded_rows(encoded, rows), scale, objective, margin, *keyed))
     records = _as_floats(group_losses)

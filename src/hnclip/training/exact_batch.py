@@ -19,9 +19,9 @@ import torch
 from hnclip.losses import gradcache_backward
 from hnclip.losses.objective import (
     Autocast,
-    MarginKey,
+    ShuffleKey,
     contrastive_terms,
-    frozen_margin_features,
+    frozen_g_features,
     token_term,
     trained_term,
 )
@@ -38,22 +38,22 @@ def _encoder(model, autocast: Autocast):
     return encode
 
 
-def _group_margin_features(frozen_text, batches: list[MicroBatch], objective: dict, autocast: Autocast):
+def _group_g_features(frozen_text, batches: list[MicroBatch], objective: dict, autocast: Autocast):
     parts = []
     for _, tokens in batches:
         with autocast():
-            parts.append(frozen_margin_features(frozen_text, tokens, objective))
+            parts.append(frozen_g_features(frozen_text, tokens, objective))
     return None if parts[0] is None else torch.cat(parts)
 
 
 def _global_term_backward(model, batches, objective, frozen_text, autocast,
-                          margin_key: MarginKey | None) -> dict[str, float]:
-    margin_features = _group_margin_features(frozen_text, batches, objective, autocast)
+                          shuffle_key: ShuffleKey | None) -> dict[str, float]:
+    g_features = _group_g_features(frozen_text, batches, objective, autocast)
     values: dict[str, float] = {}
 
     def loss_fn(image_features, text_features, logit_scale):
-        terms = contrastive_terms(image_features, text_features, logit_scale, objective, margin_features,
-                                  margin_key)
+        terms = contrastive_terms(image_features, text_features, logit_scale, objective, g_features,
+                                  shuffle_key)
         values.update({name: float(term.detach()) for name, term in terms.items()})
         return terms[trained_term(objective)]
 
@@ -75,11 +75,11 @@ def _token_term_backward(model, batches, objective, autocast) -> float:
 
 def exact_batch_backward(model, batches: list[MicroBatch], objective: dict, frozen_text=None,
                          autocast: Autocast = contextlib.nullcontext,
-                         margin_key: MarginKey | None = None) -> dict[str, float]:
+                         shuffle_key: ShuffleKey | None = None) -> dict[str, float]:
     """Accumulate the group's gradient into .grad (zero it first) and return its loss record:
     the global term(s) over the whole group, `tok` = mean per-micro-batch L_tok, and `total`.
-    `margin_key`: the group's (its first micro-batch's) key, for a shuffled-G objective."""
-    record = _global_term_backward(model, batches, objective, frozen_text, autocast, margin_key)
+    `shuffle_key`: the group's (its first micro-batch's) key, for a shuffled-G objective."""
+    record = _global_term_backward(model, batches, objective, frozen_text, autocast, shuffle_key)
     total = record[trained_term(objective)]
     if objective["lambda_tok"] > 0:
         record["tok"] = _token_term_backward(model, batches, objective, autocast)

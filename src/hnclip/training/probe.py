@@ -36,7 +36,7 @@ import torch
 from hnclip.config.objective_keys import margin_defaults, margin_source
 from hnclip.losses.contrastive import infonce_logits, symmetric_cross_entropy
 from hnclip.losses.distributed import gather_features
-from hnclip.losses.objective import Autocast, ShuffleKey, frozen_margin_features, global_logits, margin_control
+from hnclip.losses.objective import Autocast, ShuffleKey, frozen_g_features, global_logits, margin_control
 from hnclip.models.towers import encode_batch
 from hnclip.training.distributed import Distributed, average_tensors
 
@@ -126,9 +126,9 @@ class GradientProbe:
         the trainer's own (`global_logits`), on the probe's objective."""
         with autocast():
             encoded = encode_batch(model, images, tokens, with_tokens=False)
-            margin_features = frozen_margin_features(frozen_text, tokens, self.objective)
+            g_features = frozen_g_features(frozen_text, tokens, self.objective)
         logits = global_logits(encoded.image_features, encoded.text_features, model.logit_scale.exp(), self.objective,
-                               margin_features, shuffle_key)
+                               g_features, shuffle_key)
         return {"clip": logits["infonce"], "hn": logits["hn"]}
 
 

@@ -52,15 +52,15 @@ def group_backward(mode: str, model, method: Method, batches, positions, objecti
                    before_forward: Callable[[int], None]) -> list[dict]:
     """Accumulate one accumulation group's gradient into .grad; one record of float loss terms per
     micro-batch (exact mode: one for the group). `before_forward(pairs)` sees every forward's size."""
-    margin_keys = [(p.epoch, p.micro_batch) for p in positions]  # each group's shuffled-G key
+    shuffle_keys = [(p.epoch, p.micro_batch) for p in positions]  # each group's shuffled-G key
     if mode == "exact":
         before_forward(sum(batch_pairs(batch) for batch in batches))
-        record = exact_batch_backward(model, batches, objective, frozen_text, autocast, margin_keys[0])
+        record = exact_batch_backward(model, batches, objective, frozen_text, autocast, shuffle_keys[0])
         check(record)  # after backward, but still before the optimizer step: no update is applied
         return [record]
     if mode == "compute":
         return compute_batch_backward(model, batches, objective, frozen_text, autocast, check, compute_batch, micro,
-                                      margin_keys=margin_keys, before_forward=before_forward)
+                                      shuffle_keys=shuffle_keys, before_forward=before_forward)
     records = []
     for batch, position in zip(batches, positions, strict=True):
         before_forward(batch_pairs(batch))
