@@ -39,10 +39,10 @@ from hnclip.cli import main
 from hnclip.config import paths
 from hnclip.config.cells import canonical_row
 from hnclip.config.registry import NOT_IMPLEMENTED, Registry
+from hnclip.evaluation.bootstrap import Bootstrap, BootstrapSettings
 from hnclip.report import effects as E
 from hnclip.report import regime
 from hnclip.report.paper_reference import known_inconsistencies, paper_table, stated_deltas, table_meta, table_names
-from hnclip.report.uncertainty import Bootstrap, BootstrapSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 N_QUERIES = 4000

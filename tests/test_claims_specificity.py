@@ -19,8 +19,8 @@ from hnclip.claims.definitions import (
 )
 from hnclip.claims.tie import paper_model, resolved, with_tie
 from hnclip.claims.verdicts import is_borderline, with_specificity
+from hnclip.evaluation.bootstrap import Bootstrap, BootstrapSettings
 from hnclip.io import read_json, write_json
-from hnclip.report.uncertainty import Bootstrap, BootstrapSettings
 
 SIMS = 200
 CLAIMS = {c["claim_id"]: c for c in claim_definitions()}

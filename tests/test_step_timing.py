@@ -9,7 +9,7 @@ from helpers.training import EVALUATION, EXECUTION, SPEC
 
 from hnclip.claims.statistics import statistic_draws
 from hnclip.claims.verdicts import decide
-from hnclip.report.uncertainty import Bootstrap, BootstrapSettings
+from hnclip.evaluation.bootstrap import Bootstrap, BootstrapSettings
 from hnclip.training.loop import TrainJob
 from hnclip.training.step_timing import paired_step_times
 

@@ -1,4 +1,4 @@
-"""Bootstrap intervals of Recall@K (hnclip.report.uncertainty) on cases with known answers, and the
+"""Bootstrap intervals of Recall@K (hnclip.evaluation.bootstrap) on cases with known answers, and the
 per-query ranks recall_at_k now returns (what the intervals resample)."""
 import math
 
@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-from hnclip.evaluation.retrieval import ranks_of_positives, recall_at_k
-from hnclip.report.uncertainty import (
+from hnclip.evaluation.bootstrap import (
     Bootstrap,
     BootstrapSettings,
     outcomes,
     paired_contrast_interval,
     recall_interval,
 )
+from hnclip.evaluation.retrieval import ranks_of_positives, recall_at_k
 
 SETTINGS = BootstrapSettings(resamples=2000, seed=0, confidence=0.95)
 

@@ -39,8 +39,8 @@ from hnclip.claims.statistics import statistic_draws
 from hnclip.claims.tie import TieModel, measured_correlation, paper_model, resolved
 from hnclip.claims.verdicts import VERDICTS, decide, judge_claim, paper_judgement
 from hnclip.config.registry import NOT_IMPLEMENTED
+from hnclip.evaluation.bootstrap import Bootstrap, BootstrapSettings
 from hnclip.report.effects import CellUnavailable, Column
-from hnclip.report.uncertainty import Bootstrap, BootstrapSettings
 
 EPOCHS = 10
 PROBE_EVERY = 5          # optimizer steps between probes (Fig. 4)

@@ -23,9 +23,9 @@ import numpy as np
 from hnclip.claims.definitions import statistic_kinds
 from hnclip.config import paths
 from hnclip.config.registry import Registry
+from hnclip.evaluation.bootstrap import Bootstrap
 from hnclip.io import read_json, read_jsonl
 from hnclip.report.effects import CellUnavailable, Column, PaperCells, ReproducedCells
-from hnclip.report.uncertainty import Bootstrap
 
 # results/stats fields -> Table A1's metrics (the paper's side of the caption-geometry claims)
 PAPER_GEOMETRY = {"mean_hardest_negative_cosine": "hardest_sim", "mean_pairwise_cosine": "pairwise_sim"}

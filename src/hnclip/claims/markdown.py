@@ -12,7 +12,7 @@ from hnclip.claims.quotes import readable_quote
 from hnclip.claims.tie import Z_TIE, TieModel
 from hnclip.claims.verdicts import GROUPS, VERDICT_MEANINGS, VERDICTS
 from hnclip.config.registry import Registry
-from hnclip.report.uncertainty import Bootstrap
+from hnclip.evaluation.bootstrap import Bootstrap
 
 
 def _format_number(value: float, count: bool) -> str:

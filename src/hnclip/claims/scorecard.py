@@ -36,8 +36,8 @@ from hnclip.claims.tie import SEED_TABLE, Z_TIE, profile_model
 from hnclip.claims.verdicts import VERDICTS, scorecard
 from hnclip.config import paths
 from hnclip.config.registry import Registry
+from hnclip.evaluation.bootstrap import Bootstrap, BootstrapSettings
 from hnclip.io import write_json, write_text
-from hnclip.report.uncertainty import Bootstrap, BootstrapSettings
 
 __all__ = ["CLAIMS_CSV", "CLAIMS_MD", "CLAIMS_PROVENANCE", "VERDICTS", "build_claims", "claims_inputs",
            "evidence_files"]

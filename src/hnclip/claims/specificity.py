@@ -61,9 +61,9 @@ from hnclip.claims.evidence import paper_cells
 from hnclip.claims.preconditions import paper_conditions
 from hnclip.claims.tie import CORRELATION, Z_TIE, TieModel, paper_model, resolved
 from hnclip.claims.verdicts import judge_claim
+from hnclip.evaluation.bootstrap import Bootstrap, BootstrapSettings
 from hnclip.io import read_json, write_json
 from hnclip.report.effects import CellUnavailable
-from hnclip.report.uncertainty import Bootstrap, BootstrapSettings
 
 SHIFT = 1.0                       # R@1 points the reversed world moves an effect the other way
 TIMING_SHIFT = 1.1                # the factor the reversed world moves a timing ratio the other way

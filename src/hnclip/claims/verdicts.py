@@ -40,8 +40,8 @@ from hnclip.claims.tie import (
     with_tie,
 )
 from hnclip.config.registry import NOT_IMPLEMENTED, Registry
+from hnclip.evaluation.bootstrap import Bootstrap
 from hnclip.report.effects import CellUnavailable, format_evidence, summarise
-from hnclip.report.uncertainty import Bootstrap
 
 VERDICT_MEANINGS = {
     "supported": "the whole 95 % interval satisfies the claim's decision, by a rule that an absence of the "

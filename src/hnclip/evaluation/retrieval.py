@@ -73,7 +73,7 @@ def recall_at_k(image_features: torch.Tensor, text_features: torch.Tensor, ks=(1
                 tie_rule: str = "pessimistic") -> dict:
     """Recall@K (percent) for text->image and image->text retrieval of paired features, with the
     0-based rank of every query's ground truth (`ranks`, in manifest order): the per-query outcomes
-    the bootstrap intervals of `hnclip.report.uncertainty` resample."""
+    the bootstrap intervals of `hnclip.evaluation.bootstrap` resample."""
     if image_features.shape != text_features.shape:
         raise ValueError("one caption per image is required: feature shapes differ "
                          f"({tuple(image_features.shape)} vs {tuple(text_features.shape)})")

@@ -31,8 +31,8 @@ from hnclip.config.cells import DIRECTION_LABELS, canonical_row
 from hnclip.config.params import read_yaml
 from hnclip.config.registry import NOT_IMPLEMENTED, Registry
 from hnclip.errors import StaleArtifactError
+from hnclip.evaluation.bootstrap import Bootstrap, BootstrapSettings, outcomes
 from hnclip.io import package_text, read_json, write_json, write_text
-from hnclip.report.uncertainty import Bootstrap, BootstrapSettings, outcomes
 
 DEFINITIONS = "contrasts.yaml"
 NO_RANKS = "no per-query ranks recorded (evaluated before ranks were kept): no interval; rerun its evaluation"
