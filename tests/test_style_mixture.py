@@ -2,14 +2,18 @@
 each family's captions in one grammar drawn by its shares, part of the dataset's fingerprint; datasets that do
 not use it are byte-identical to those written before it existed."""
 import hashlib
+import math
+from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
 from hnclip.config.params import validate_params
-from hnclip.config.synthetic_spec import dataset_fingerprint, style_of, variant_spec
+from hnclip.config.synthetic_spec import CAPTION_STYLE_NAMES, dataset_fingerprint, style_of, variant_spec
 from hnclip.data.synthetic import split_edits, write_dataset
+from hnclip.data.synthetic_captions import family_style
 
 ROOT = Path(__file__).resolve().parents[1]
 SIMPLE_OPENING = "shapes on a"          # the simple grammar's first sentence: "<N> shapes on a <bg> background."
@@ -94,3 +98,53 @@ def test_the_schema_accepts_a_mixture_and_refuses_an_unknown_style():
     pretrain["generator"] = {"style": {"simple": 0.9, "sonnet": 0.1}}
     with pytest.raises(Exception, match="sonnet"):
         validate_params(params)
+
+
+# The style draw must follow the shares whatever their order in CAPTION_STYLE_NAMES (terse, flowing, regions,
+# paragraph, simple), the order the spec holds a mixture in. Drawing from the raw shares instead of their
+# cumulative sum is right only when the shares rise in that order, as in {simple: 0.75, flowing: 0.25} above;
+# these mixtures have a larger share before a smaller one, where that slip draws far from the shares.
+FALLING_MIXTURES = [
+    {"flowing": 0.75, "simple": 0.25},                      # the larger share first in grammar order
+    {"terse": 0.5, "regions": 0.2, "simple": 0.3},          # three styles, shares falling then rising
+    {"flowing": 0.2, "paragraph": 0.5, "simple": 0.3},      # three styles, shares rising then falling
+    {"terse": 0.1, "flowing": 0.3, "regions": 0.15, "paragraph": 0.25, "simple": 0.2},  # all five
+]
+DRAWS = 4000
+TOLERANCE_SE = 4.5  # standard errors: a correct draw strays further once in ~150,000 checks
+
+
+def assert_shares_hold(counts: Counter, mixture: dict[str, float], draws: int):
+    """The observed share of every caption style (0 for those outside the mixture) within TOLERANCE_SE binomial
+    standard errors of its stated share."""
+    assert sum(counts.values()) == draws
+    for name in CAPTION_STYLE_NAMES:
+        share = mixture.get(name, 0.0)
+        tolerance = TOLERANCE_SE * math.sqrt(share * (1 - share) / draws)
+        observed = counts[name] / draws
+        assert abs(observed - share) <= tolerance, \
+            f"{name}: observed share {observed:.4f}, stated {share} (tolerance {tolerance:.4f}) in {mixture}"
+
+
+@pytest.fixture(scope="module")
+def caption_seeds() -> list[np.random.SeedSequence]:
+    """Families' caption seeds, spawned as write_dataset spawns them (a family seed's second child)."""
+    return [family.spawn(2)[1] for family in np.random.SeedSequence([11, 7]).spawn(DRAWS)]
+
+
+@pytest.mark.parametrize("mixture", FALLING_MIXTURES, ids=lambda m: "/".join(f"{k}{v}" for k, v in m.items()))
+def test_the_style_draw_follows_the_shares_in_any_grammar_order(caption_seeds, mixture):
+    spec = style_of(mixture)
+    assert [name for name, _ in spec] == [name for name in CAPTION_STYLE_NAMES if name in mixture]
+    counts = Counter(family_style(spec, seed) for seed in caption_seeds)
+    assert_shares_hold(counts, mixture, DRAWS)
+
+
+def test_a_dataset_keeps_the_shares_when_the_larger_comes_first_in_grammar_order():
+    mixture = {"flowing": 0.75, "simple": 0.25}  # held as ((flowing, 0.75), (simple, 0.25))
+    rows = split_edits("docci", "train", 400, seed=5, generator={"style": mixture, "family_size": 1})
+    assert len(rows) == 400  # one caption per family
+    # no flowing opening starts "<N> shapes on a", so the first sentence tells the two grammars apart
+    counts = Counter("simple" if SIMPLE_OPENING in caption.split(".")[0] else "flowing"
+                     for _, caption in rows.values())
+    assert_shares_hold(counts, mixture, len(rows))
