@@ -2,11 +2,7 @@
 # pairs, and StructXLIP's edge maps (of the images and of their top matched segments).
 # Both are built in resumable shards kept in <index>.shards/ beside the index: not an output, so a
 # failed or killed job's retry skips the finished shards; the shards are removed once the index is written.
-
-
-def auxiliary_segment_inputs(wildcards):
-    from hnclip.commands.auxiliary import model_inputs
-    return {"train_data": dataset_marker(wildcards.dataset), **{k: str(v) for k, v in model_inputs(REG).items()}}
+# Input functions: workflow/rules/common.smk.
 
 
 rule auxiliary_segments:

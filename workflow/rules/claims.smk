@@ -1,14 +1,12 @@
 # Effects (each table's contrasts, paper vs reproduced with 95 % bootstrap intervals) and the claims
 # scorecard (every quantitative claim of the paper judged on this profile), shown first in the report.
-from types import SimpleNamespace
-
 from hnclip.claims.definitions import claim_definitions
 from hnclip.claims.scorecard import claims_inputs
 from hnclip.report.effects import definitions, effects_inputs
 
 BOOTSTRAP = canonical_json(config.get("bootstrap", {}))  # resamples, seed, confidence (defaults in the code)
 # The claims and contrasts are package data (src/hnclip/claims/claims.yaml, src/hnclip/report/contrasts.yaml):
-# an edit reruns what it changes.
+# an edit reruns what it changes. Input functions and claims_targets (rule all): workflow/rules/common.smk.
 
 
 rule effects:
@@ -35,9 +33,7 @@ rule step_timing:
     # The timing claims' controlled measurement: the timing table's runs take optimizer steps in turn on the
     # same batches. It takes every core, so no other job of this workflow shares the machine while it runs.
     input:
-        lambda w: sorted({str(p) for run in (REG.paired_timing() or {}).get("runs", {}).values()
-                          for group in train_inputs(SimpleNamespace(run=run)).values()
-                          for p in ([group] if isinstance(group, (str, Path)) else group)}),
+        step_timing_inputs,
     output:
         "results/stats/step_timing.json",
     params:
@@ -75,9 +71,3 @@ rule claims:
         f"logs/{PROFILE}/claims.benchmark.tsv"
     shell:
         f"{HNCLIP} claims > {{log}} 2>&1"
-
-
-def claims_targets():
-    """What `rule all` adds for this file: every table's effects and the scorecard."""
-    effects = [f"results/effects/{table}.{ext}" for table in REG.tables for ext in ("csv", "md")]
-    return effects + ["results/claims.csv", "results/claims.md"]

@@ -1,6 +1,8 @@
 # Registry, schema validation and input functions shared by all rules.
 import shlex
 import sys
+from pathlib import Path
+from types import SimpleNamespace
 
 from hnclip.config import paths
 from hnclip.config.params import validate_params
@@ -183,3 +185,56 @@ def evaluation_gpu(wildcards):
 
 def evaluation_mem_mb(wildcards):
     return MEM_MB["evaluate"] if evaluation_encodes(wildcards) else LIGHT_MEM_MB
+
+
+# ---- Baselines' auxiliary inputs (workflow/rules/auxiliary.smk) -----------------------------------
+def auxiliary_segment_inputs(wildcards):
+    """A training set's manifests and the segmenter's and matcher's weights (GOAL's LISM pairs)."""
+    from hnclip.commands.auxiliary import model_inputs
+    return {"train_data": dataset_marker(wildcards.dataset), **{k: str(v) for k, v in model_inputs(REG).items()}}
+
+
+# ---- Gradient-dynamics statistics (workflow/rules/gradient_stats.smk; figure_inputs above) --------
+from hnclip.config.registry import GRADIENT_FIGURE_KINDS
+from hnclip.report.gradient_stats import report_caption, stats_path
+from hnclip.commands.gradient_stats import figure_runs
+
+GRADIENT_FIGURES = [name for name, spec in config["figures"].items() if spec["kind"] in GRADIENT_FIGURE_KINDS]
+
+
+def gradient_stats_inputs(wildcards):
+    """The training records of the figure's runs (each probed run writes grad_probe.jsonl beside it)."""
+    runs = figure_runs(REG, config["figures"][wildcards.figure])
+    return sorted({str(paths.run_record(run["run_id"])) for run in runs})
+
+
+def gradient_stats_targets():
+    return [str(stats_path(name)) for name in GRADIENT_FIGURES]
+
+
+def figure_caption(wildcards, input):
+    """A gradient figure's statistics sentence for the HTML report (empty for other figures). It
+    takes `input`, so Snakemake counts it as derived from the inputs: never a reason to rerun."""
+    return report_caption(wildcards.figure) if wildcards.figure in GRADIENT_FIGURES else ""
+
+
+# ---- Effects, step timing and the claims scorecard (workflow/rules/claims.smk) --------------------
+def step_timing_inputs(wildcards):
+    """Every input of the timing table's runs (train_inputs of each): they take steps in turn."""
+    return sorted({str(p) for run in (REG.paired_timing() or {}).get("runs", {}).values()
+                   for group in train_inputs(SimpleNamespace(run=run)).values()
+                   for p in ([group] if isinstance(group, (str, Path)) else group)})
+
+
+def claims_targets():
+    """The targets of claims.smk (for all_targets): every table's effects and the scorecard."""
+    effects = [f"results/effects/{table}.{ext}" for table in REG.tables for ext in ("csv", "md")]
+    return effects + ["results/claims.csv", "results/claims.md"]
+
+
+# ---- Regime preconditions (workflow/rules/regime.smk) ---------------------------------------------
+def regime_targets():
+    """The targets of regime.smk (for all_targets; none when params.yaml declares no targets)."""
+    if not config.get("regime_targets"):
+        return []
+    return [str(paths.regime_report("json")), str(paths.regime_report("md"))]

@@ -1,26 +1,6 @@
 # Statistics of the gradient-dynamics figures (paper Fig. 4, Fig. A8) from their runs' probe logs:
 # results/stats/<figure>.json, which the figure draws its bands and its caption from.
-from hnclip.config.registry import GRADIENT_FIGURE_KINDS
-from hnclip.report.gradient_stats import report_caption, stats_path
-from hnclip.commands.gradient_stats import figure_runs
-
-GRADIENT_FIGURES = [name for name, spec in config["figures"].items() if spec["kind"] in GRADIENT_FIGURE_KINDS]
-
-
-def gradient_stats_inputs(wildcards):
-    """The training records of the figure's runs (each probed run writes grad_probe.jsonl beside it)."""
-    runs = figure_runs(REG, config["figures"][wildcards.figure])
-    return sorted({str(paths.run_record(run["run_id"])) for run in runs})
-
-
-def gradient_stats_targets():
-    return [str(stats_path(name)) for name in GRADIENT_FIGURES]
-
-
-def figure_caption(wildcards, input):
-    """A gradient figure's statistics sentence for the HTML report (empty for other figures). It
-    takes `input`, so Snakemake counts it as derived from the inputs: never a reason to rerun."""
-    return report_caption(wildcards.figure) if wildcards.figure in GRADIENT_FIGURES else ""
+# GRADIENT_FIGURES, the input functions and figure_caption (rule figure's report caption): workflow/rules/common.smk.
 
 
 rule gradient_stats:

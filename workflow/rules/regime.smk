@@ -2,14 +2,8 @@
 # pipeline's own outputs: zero-shot R@1, InfoNCE / L_HN saturation shares from the runs' step logs,
 # the share of training micro-batches holding two siblings, and the caption geometry (Table A1's
 # statistics). results/stats/regime.json (with provenance) and regime.md, shown in the HTML report.
+# regime_targets (what rule all adds): workflow/rules/common.smk.
 from hnclip.commands.regime import regime_inputs
-
-
-def regime_targets():
-    """What `rule all` adds for this file (nothing when params.yaml declares no targets)."""
-    if not config.get("regime_targets"):
-        return []
-    return [str(paths.regime_report("json")), str(paths.regime_report("md"))]
 
 
 rule regime:
