@@ -7,7 +7,7 @@ trains, and SAM ViT-H and CLIP ViT-L/14-336 on one auxiliary image, all randomly
 Nothing of the paper profile otherwise runs at real size: the rehearsal trains a width-64, one-block
 Long-CLIP layout at 112 px. Here:
 
-* Long-CLIP-L (ViT-L/14 at 224 px, the 768-wide 248-token text tower; `hnclip.rehearsal.models.LONGCLIP_L`)
+* Long-CLIP-L (ViT-L/14 at 224 px, the 768-wide 248-token text tower; `hnclip.rehearsal.miniature_models.LONGCLIP_L`)
   is written as a random state dict in the released checkpoint's key layout and loaded through the loader
   a paper run uses (`model_setup.build_model` -> `factory.load_backbone` -> `longclip.load_longclip`, with the
   file's own sha256 as its pin).
@@ -93,7 +93,7 @@ NO_GRADIENT_BY_DESIGN = {"finelip": {"logit_scale"}}
 
 def longclip_architecture(layers: int | None) -> dict:
     """Long-CLIP-L's `longclip_layout_state_dict` arguments, with at most `layers` blocks per tower."""
-    from hnclip.rehearsal.models import LONGCLIP_L
+    from hnclip.rehearsal.miniature_models import LONGCLIP_L
     if layers is None:
         return dict(LONGCLIP_L)
     return {**LONGCLIP_L, "layers": min(layers, LONGCLIP_L["layers"]),
@@ -264,7 +264,7 @@ def prepare_longclip(work: Path, layers: int | None, aux: dict) -> dict:
     from hnclip.auxiliary.segments import CpuSegmenter
     from hnclip.hashing import file_sha256
     from hnclip.models.factory import load_backbone
-    from hnclip.rehearsal.models import save_longclip_checkpoint
+    from hnclip.rehearsal.miniature_models import save_longclip_checkpoint
     started = time.perf_counter()
     architecture = longclip_architecture(layers)
     checkpoint = save_longclip_checkpoint(work / "longclip-L.pt", **architecture)
@@ -308,7 +308,7 @@ def prepare_clip(folder: Path, layers: int | None) -> dict:
     import torch
     from transformers import CLIPConfig, CLIPModel
 
-    from hnclip.rehearsal.models import HF_BOS, HF_EOS, clip_bpe, save_tiny_clip
+    from hnclip.rehearsal.miniature_models import HF_BOS, HF_EOS, clip_bpe, save_tiny_clip
     started = time.perf_counter()
     configs = clip_configs(layers)
     vocab, merges = clip_bpe()
@@ -329,7 +329,7 @@ PRELOAD = ("torch", "open_clip", "peft", "transformers.pipelines", "transformers
            "transformers.models.clip.modeling_clip", "hnclip.training.loop", "hnclip.models.longclip",
            "hnclip.models.adapters", "hnclip.losses.finelip", "hnclip.losses.goal", "hnclip.losses.structxlip",
            "hnclip.auxiliary.batches", "hnclip.auxiliary.lism", "hnclip.auxiliary.edges",
-           "hnclip.rehearsal.models", "throughput")
+           "hnclip.rehearsal.miniature_models", "throughput")
 
 
 def preload() -> None:

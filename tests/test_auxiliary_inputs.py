@@ -39,7 +39,7 @@ from hnclip.auxiliary.segments import (
 )
 from hnclip.data.synthetic import generate_split
 from hnclip.data.synthetic_images import render_scene
-from hnclip.rehearsal.models import save_tiny_clip, save_tiny_sam
+from hnclip.rehearsal.miniature_models import save_tiny_clip, save_tiny_sam
 
 
 def _box(x: int, y: int, w: int, h: int) -> dict[str, int]:

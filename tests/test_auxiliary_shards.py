@@ -21,8 +21,8 @@ from hnclip.auxiliary.shards import EXIT_AFTER_ENV, EXIT_CODE, build_sharded, sh
 from hnclip.config.paths import shard_dir
 from hnclip.hashing import file_sha256
 from hnclip.io import write_jsonl
+from hnclip.rehearsal.miniature_models import clip_bpe, save_tiny_clip, save_tiny_sam
 from hnclip.rehearsal.mirror import SAM_IMAGE_SIZE
-from hnclip.rehearsal.models import clip_bpe, save_tiny_clip, save_tiny_sam
 
 TESTS = Path(__file__).resolve().parent
 

@@ -35,7 +35,7 @@ from hnclip.models.longclip import (
     stretch_positional_embedding,
 )
 from hnclip.provenance.audit import audit
-from hnclip.rehearsal.models import longclip_layout_state_dict
+from hnclip.rehearsal.miniature_models import longclip_layout_state_dict
 
 WIDTH, LAYERS, IMAGE, PATCH, EMBED, VOCAB, CONTEXT = 64, 2, 32, 8, 64, 49408, 248
 HEAD_WIDTH = 32  # 2 heads per tower, so head splitting is exercised (real Long-CLIP-L: 64)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import hashlib
 
-from hnclip.rehearsal.archives import tar_bytes, tar_gz, zip_bytes  # noqa: F401 - the archives tests build
+from hnclip.rehearsal.archive_writers import tar_bytes, tar_gz, zip_bytes  # noqa: F401 - the archives tests build
 
 
 def blob(size: int = 3 << 19, seed: int = 0) -> bytes:

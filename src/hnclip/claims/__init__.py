@@ -1,5 +1,6 @@
 """The claims scorecard: every quantitative claim of the paper (claims.yaml) judged on a profile's results
-(results/claims.csv, results/claims.md), and how far each judgement can be trusted.
+(results/claims.csv, results/claims.md), and how far each judgement can be trusted. The library side of
+one concept at two layers: the command that writes the scorecard (`hnclip claims`) is `hnclip.commands.claims`.
 
 This package owns the rules (claims.yaml), where their numbers come from (the tables' evaluation records,
 the probe records, the paper's printed numbers), the statistic interpreter, the verdicts and the gate on

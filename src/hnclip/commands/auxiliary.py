@@ -1,4 +1,5 @@
-"""`hnclip auxiliary`: a training set's auxiliary inputs for the baselines, each its own rule.
+"""`hnclip auxiliary`: a training set's auxiliary inputs for the baselines, each its own rule. The command
+of one concept at two layers: the builders themselves are the package `hnclip.auxiliary`.
 
 segments: GOAL's LISM pairs (segment masks -> crops, sentences matched to crops by a CLIP
           encoder); StructXLIP reads their ranked matches too.

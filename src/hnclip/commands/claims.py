@@ -1,5 +1,7 @@
 """`hnclip effects` and `hnclip claims`: one table's contrasts with their intervals
-(results/effects/<table>.*), and the claims scorecard (results/claims.csv, results/claims.md)."""
+(results/effects/<table>.*), and the claims scorecard (results/claims.csv, results/claims.md). The
+command of one concept at two layers: the scorecard itself is the package `hnclip.claims` (the contrasts:
+`hnclip.report.effects`)."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,5 +1,6 @@
 """`hnclip data`: materialise a dataset role as manifests, generated (embedded profile) or
-downloaded and converted (paper profile)."""
+downloaded and converted (paper profile). The command of one concept at two layers: the datasets
+themselves (generators, builders, manifests) are the package `hnclip.data`."""
 from __future__ import annotations
 
 import time

@@ -1,4 +1,5 @@
-"""`hnclip download`: fetch and verify one source (resumable, checksummed), with its record."""
+"""`hnclip download`: fetch and verify one source (resumable, checksummed), with its record. The command
+of one concept at two layers: the library side that downloads is `hnclip.data.download`."""
 from __future__ import annotations
 
 import time

@@ -1,6 +1,7 @@
 """`hnclip gradient-stats`: the statistics a gradient-dynamics figure (Fig. 4, Fig. A8) quotes,
 computed from its runs' probe logs and training records into results/stats/<figure>.json (with
-provenance); the figure draws its bands and its caption from this file."""
+provenance); the figure draws its bands and its caption from this file. The command of one concept at
+two layers: the statistics themselves are computed by `hnclip.report.gradient_stats`."""
 from __future__ import annotations
 
 import time

@@ -1,4 +1,5 @@
-"""`hnclip overlap`: perceptual-hash overlap between a training set and a test set."""
+"""`hnclip overlap`: perceptual-hash overlap between a training set and a test set. The command of one
+concept at two layers: the library side that hashes and compares is `hnclip.data.overlap`."""
 from __future__ import annotations
 
 import time

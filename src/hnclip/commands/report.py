@@ -1,4 +1,6 @@
-"""`hnclip table` and `hnclip figure`: one table (md, tex, csv + provenance) or one figure (png, pdf)."""
+"""`hnclip table` and `hnclip figure`: one table (md, tex, csv + provenance) or one figure (png, pdf).
+The command of one concept at two layers: the tables and figures themselves are the package
+`hnclip.report` (a table: `hnclip.report.build`)."""
 from __future__ import annotations
 
 from pathlib import Path

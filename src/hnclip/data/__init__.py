@@ -1,5 +1,7 @@
 """Datasets: manifests (the one split format), synthetic benchmarks, real-data downloads and builders,
-training pairs, overlap checks and the baselines' auxiliary inputs."""
+training pairs, worker-process loading and overlap checks (the baselines' auxiliary inputs are
+`hnclip.auxiliary`). The library side of one concept at two layers: the command that materialises a
+dataset role (`hnclip data`) is `hnclip.commands.data`."""
 
 from hnclip._lazy import lazy_exports
 

@@ -1,5 +1,6 @@
 """Downloading a whole source: every automatic file of it (see sources.py) fetched and verified, its
-manual files checked, and its archives unpacked into `<root>/<source>/extracted/`.
+manual files checked, and its archives unpacked into `<root>/<source>/extracted/`. The library side of
+one concept at two layers: the command that runs it (`hnclip download`) is `hnclip.commands.download`.
 
 The pieces: one file over HTTP with resume (http_download.py), or from the Hugging Face Hub at its
 pinned commit (hub_download.py); checksum verification and `.complete` markers (verified_files.py);

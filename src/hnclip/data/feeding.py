@@ -1,5 +1,7 @@
 """Decoding in worker processes: a `torch.utils.data.DataLoader` that hands over, in order, what a
 function of an index list returns (training: one micro-batch per list; evaluation: a stack of images).
+One concept at two layers: this is the data side; the training loop's feed of micro-batches built on it
+is `hnclip.training.feeding`.
 
 Only the decoding moves: every item is the same pure function of its indices as on the main process,
 delivered in the order asked for, so the consumer sees the same tensors in the same order whatever the

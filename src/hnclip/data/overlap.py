@@ -1,4 +1,5 @@
-"""Near-duplicate images between a training set and a test set, by perceptual hash.
+"""Near-duplicate images between a training set and a test set, by perceptual hash. The library side of
+one concept at two layers: the command that runs it (`hnclip overlap`) is `hnclip.commands.overlap`.
 
 Urban-1K's images may come from Visual Genome (provenance unverified), and our Urban-1K models are
 fine-tuned on VG paragraphs; a test image that also sits in the training set would turn "zero-shot

@@ -1,5 +1,6 @@
 """Epoch selection: which epoch of a run a table reports (`best` by the registry's
-`evaluation.selection_metric`, or `last`)."""
+`evaluation.selection_metric`, or `last`). One concept at two layers: this is the rule; the training side,
+which keeps the selected epoch's weights while a run trains, is `hnclip.training.selection`."""
 from __future__ import annotations
 
 from typing import Callable, Sequence

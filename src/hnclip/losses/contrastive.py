@@ -6,9 +6,10 @@ logits (`infonce_logits`, `hn_logits`), which the gradient probe differentiates 
 (params.yaml's keys, `hnclip.config.objective_keys`) is turned into these calls in one place,
 `hnclip.losses.objective.global_logits`, for the trainer and the probe alike.
 
-Names: the *margin features* are the text features G is the cosine matrix of (the live text features,
-or those of a frozen initial text tower); `margin_matrix` gives the margins gamma * G_bar or a
-*margin control* of them (beyond the paper, Table X1): `constant` gives every negative the same margin,
+Names (the glossary of docs/pipeline.md): the *G features* are the text features G is the cosine matrix
+of (the live text features, or those of a frozen initial text tower: the *G source*); a *margin* is the
+gap a positive's logit must clear over a negative's, and `margin_matrix` gives the margins gamma * G_bar
+or a *margin control* of them (beyond the paper, Table X1): `constant` gives every negative the same margin,
 gamma * mean(G_bar off-diagonal) of its batch (an AM-softmax-style fixed margin); `shuffled` permutes
 the caption pairs' margins within the batch (the same margins, no longer on the pairs whose captions
 are similar). Both keep the diagonal at 0.

@@ -1,4 +1,7 @@
 """Contrastive losses over the global batch of a multi-process (torchrun) run, open_clip ClipLoss style.
+One concept at two layers: this is the loss side of multi-process data parallelism (features gathered,
+every rank computing the global loss); the training side (ranks, the process group, gradient averaging)
+is `hnclip.training.distributed`.
 
 Each rank holds a contiguous slice of the global micro-batch. Features are all-gathered in rank
 order, so the gathered batch is the single-process batch in the same order, and every rank
@@ -62,8 +65,8 @@ def all_gather_with_grad(tensor: torch.Tensor, group=None) -> torch.Tensor:
 
 def gather_features(image_features: torch.Tensor, text_features: torch.Tensor,
                     g_text_features: torch.Tensor | None = None, group=None):
-    """(image, text, margin) features of the global batch; margin features (the frozen-G source)
-    are detached already and only gathered, so G is built from all captions of the batch."""
+    """(image, text, G) features of the global batch; G features (those of the frozen G source) are
+    detached already and only gathered, so G is built from all captions of the batch."""
     gathered_margin = None if g_text_features is None else all_gather_with_grad(g_text_features, group)
     return all_gather_with_grad(image_features, group), all_gather_with_grad(text_features, group), gathered_margin
 

@@ -24,7 +24,7 @@ import numpy as np
 from PIL import Image
 
 from hnclip.data.sources import SOURCES
-from hnclip.rehearsal.archives import tar_bytes, tar_gz, zip_bytes
+from hnclip.rehearsal.archive_writers import tar_bytes, tar_gz, zip_bytes
 
 # How many images each miniature holds. Training sets are large enough for the 5 % subsets of the
 # data-fraction study to fill one micro-batch of the rehearsal profile (ceil(0.05 * 64) = 4).
@@ -185,7 +185,7 @@ def longclip_files() -> dict[str, bytes]:
     """longclip-L.pt: a Long-CLIP-layout state dict of the architecture in models/configs/longclip-rehearsal.json."""
     import torch
 
-    from hnclip.rehearsal.models import longclip_layout_state_dict
+    from hnclip.rehearsal.miniature_models import longclip_layout_state_dict
     config = json.loads((MODEL_CONFIGS / f"{LONGCLIP_CONFIG}.json").read_text())
     vision, text = config["vision_cfg"], config["text_cfg"]
     if vision["width"] != text["width"] or vision["layers"] != text["layers"]:
@@ -210,14 +210,14 @@ def _hub_repo_files(save: Callable[[Path], object], names: tuple[str, ...]) -> d
 
 
 def sam_files() -> dict[str, bytes]:
-    from hnclip.rehearsal.models import save_tiny_sam
+    from hnclip.rehearsal.miniature_models import save_tiny_sam
     names = tuple(f.name for f in SOURCES["sam_vit_huge"].files)
     return _hub_repo_files(lambda path: save_tiny_sam(path, image_size=SAM_IMAGE_SIZE, confident=True, seed=SEED),
                            names)
 
 
 def clip_files() -> dict[str, bytes]:
-    from hnclip.rehearsal.models import save_tiny_clip
+    from hnclip.rehearsal.miniature_models import save_tiny_clip
     names = tuple(f.name for f in SOURCES["clip_vit_l14_336"].files)
     weights = next(name for name in names if name in ("pytorch_model.bin", "model.safetensors"))
     return _hub_repo_files(lambda path: save_tiny_clip(path, seed=SEED, weights=weights), names)

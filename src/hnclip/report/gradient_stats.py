@@ -1,5 +1,7 @@
 """Statistics of the gradient-dynamics figures (paper §2.4 / Fig. 4, Appendix C / Fig. A8), as pure
-functions of a run's probe log (grad_probe.jsonl rows) and training record (train.json).
+functions of a run's probe log (grad_probe.jsonl rows) and training record (train.json). The library
+side of one concept at two layers: the command that reads the logs and writes results/stats/<figure>.json
+(`hnclip gradient-stats`) is `hnclip.commands.gradient_stats`.
 
 A probe row measures, on one training batch, both losses, the L2 norms of their full-parameter
 gradients and their cosine (`hnclip.training.probe`). Definitions, as the paper uses them:

@@ -1,4 +1,6 @@
-"""Multi-process data parallelism for `train` under torchrun (one process per accelerator).
+"""Multi-process data parallelism for `train` under torchrun (one process per accelerator). One concept
+at two layers: this is the training side (ranks, the process group, gradient averaging); the loss side
+(features gathered, every rank computing the global loss) is `hnclip.losses.distributed`.
 
     torchrun --nproc_per_node 8 -m hnclip train --run <run_id>
 

@@ -1,4 +1,6 @@
-"""Where the training loop's micro-batches come from (`execution.loader_workers`).
+"""Where the training loop's micro-batches come from (`execution.loader_workers`). One concept at two
+layers: this is the training side (the loop's micro-batches, in its order, across accumulation groups);
+the worker-process loader it uses, which evaluation uses too, is `hnclip.data.feeding`.
 
 0 (the default): `method.load` on the main process, one micro-batch after the other, the loop's
 original code. N > 0: N worker processes load the epoch's micro-batches ahead of the optimizer

@@ -1,5 +1,6 @@
 """The weights of the epoch selected on the run's own benchmark (its transfer cells use them):
-kept in the resume area while the run trains, copied to model_selected.pt when it ends."""
+kept in the resume area while the run trains, copied to model_selected.pt when it ends. One concept at two
+layers: this is the training side; the selection rule itself is `hnclip.evaluation.selection`."""
 from __future__ import annotations
 
 import shutil

@@ -1,5 +1,7 @@
 """Paired, repeated timing of several runs' optimizer steps: the frameworks of the timing table (Table A3)
-take turns on the same accumulation groups, so whatever else shares the machine slows them alike.
+take turns on the same accumulation groups, so whatever else shares the machine slows them alike. The
+library side of one concept at two layers: the command that runs it and writes results/stats/step_timing.json
+(`hnclip step-timing`) is `hnclip.commands.step_timing`.
 
 Each run is prepared as the trainer prepares it (`loop.prepare_run`: model, method, optimizer, data) and
 takes real optimizer steps (`loop.optimizer_step`) from its initial weights, never from a run's checkpoint.
