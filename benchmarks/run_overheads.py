@@ -74,7 +74,8 @@ def measure(repeats: int, test_size: int, batch_sizes: list[int], model_config: 
         data = PairDataset.from_manifest(manifests["docci_test"], backbone.preprocess, backbone.tokenizer)
         images, tokens = data.batch(range(min(16, len(data))))  # the embedded micro-batch
         parameters = list(model.parameters())
-        probe = GradientProbe.from_settings({"grad_probe_every": 1}, {"gamma": 0.5, "margin": "live"})
+        probe = GradientProbe.from_settings({"grad_probe_every": 1}, {"framework": "full", "gamma": 0.5,
+                                                                "lambda_tok": 0.0, "g_source": "live"})
         for with_bf16 in (True, False):
             out["probe_s"]["with_bf16" if with_bf16 else "without_bf16"] = median_seconds(
                 lambda: probe.measure(model, parameters, images, tokens, with_bf16=with_bf16), repeats)

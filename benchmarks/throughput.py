@@ -35,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from hnclip.config import objective_keys
 from hnclip.losses.objective import loss_terms
 from hnclip.models.factory import create
 from hnclip.models.towers import PAD_ID
@@ -48,8 +49,8 @@ DEFAULT_OUT = ROOT / "benchmarks" / "results" / "throughput.jsonl"
 SOT, EOT, CONTEXT = 49406, 49407, 248
 LR, WEIGHT_DECAY = 2e-6, 0.01
 MODES = ("accumulate", "compute_batch")
-PLAIN = {"gamma": 0.0, "lambda_tok": 0.0, "margin": "live"}
-HN_CLIP = {"gamma": 0.5, "lambda_tok": 1.0, "margin": "live"}
+PLAIN = {"gamma": 0.0, "lambda_tok": 0.0, "g_source": "live"}
+HN_CLIP = {"gamma": 0.5, "lambda_tok": 1.0, "g_source": "live"}
 # method -> (framework, objective); LoRA/DoRA are the paper's adapter baselines (InfoNCE, r 16, alpha 32)
 METHODS = {"plain": ("full", PLAIN), "hnclip": ("full", HN_CLIP), "lora": ("lora", PLAIN), "dora": ("dora", PLAIN)}
 
@@ -148,7 +149,9 @@ def measure(method: str, mode: str, shapes: Shapes, device: torch.device, steps:
         times.append(time.perf_counter() - start)
     peak, source = _peak_memory_gb(device)
     median = statistics.median(times)
-    return {"mode": mode, "method": method, "framework": framework, "objective": objective,
+    # the objective as a run's records state it: every key, by its identity name (`margin`: the G source)
+    return {"mode": mode, "method": method, "framework": framework,
+            "objective": objective_keys.record({**objective, "framework": framework}),
             "img_per_s": shapes.pairs / median, "step_s_median": median, "step_s": times,
             "peak_mem_gb": peak, "peak_mem_source": source,
             "precision": "bf16 autocast" if device.type == "cuda" else "fp32",

@@ -56,7 +56,8 @@ def test_throughput_records_both_modes(tmp_path):
         assert (shapes["model"], shapes["image_size"], shapes["micro_batch"], shapes["grad_accum"]) == \
             ("hnclip-tiny", 64, 4, 2)
         assert shapes["compute_batch"] == (8 if record["mode"] == "compute_batch" else None)
-    assert records[2]["objective"] == {"gamma": 0.5, "lambda_tok": 1.0, "margin": "live"}
+    assert records[2]["objective"] == {"framework": "full", "gamma": 0.5, "lambda_tok": 1.0, "margin": "live",
+                                       "margin_control": "none"}
 
 
 def test_throughput_rejects_unknown_methods(tmp_path):

@@ -30,10 +30,10 @@ MICRO, ACCUM = 4, 8
 COMPUTE = MICRO * ACCUM  # the whole accumulation group in one forward
 RELATIVE = 1e-5
 OBJECTIVES = {
-    "infonce": {"gamma": 0.0, "lambda_tok": 0.0, "margin": "live"},
-    "hn_live": {"gamma": 0.5, "lambda_tok": 0.0, "margin": "live"},
-    "hn_frozen": {"gamma": 0.5, "lambda_tok": 0.0, "margin": "frozen"},
-    "hn_tok": {"gamma": 0.5, "lambda_tok": 1.0, "margin": "live"},
+    "infonce": {"gamma": 0.0, "lambda_tok": 0.0, "g_source": "live"},
+    "hn_live": {"gamma": 0.5, "lambda_tok": 0.0, "g_source": "live"},
+    "hn_frozen": {"gamma": 0.5, "lambda_tok": 0.0, "g_source": "frozen"},
+    "hn_tok": {"gamma": 0.5, "lambda_tok": 1.0, "g_source": "live"},
 }
 
 
@@ -102,7 +102,7 @@ def assert_same_records(actual: list[dict], expected: list[dict]) -> None:
 @pytest.mark.parametrize("name", OBJECTIVES)
 def test_whole_group_forward_equals_sequential_accumulation(tiny_state, name):
     model, objective, batches = tiny_model(tiny_state), OBJECTIVES[name], accumulation_group()
-    frozen = perturbed_copy(model) if objective["margin"] == "frozen" else None
+    frozen = perturbed_copy(model) if objective["g_source"] == "frozen" else None
     expected_records, expected = sequential(model, batches, objective, frozen)
     records, actual = in_compute_batches(model, batches, objective, frozen)
     assert_same_gradients(actual, expected)

@@ -27,10 +27,10 @@ WORLD = 2
 GLOBAL_BATCH = 8
 TOLERANCE = 1e-5
 OBJECTIVES = {
-    "infonce": {"gamma": 0.0, "lambda_tok": 0.0, "margin": "live"},
-    "hn": {"gamma": 0.5, "lambda_tok": 0.0, "margin": "live"},
-    "hn_tok": {"gamma": 0.5, "lambda_tok": 1.0, "margin": "live"},
-    "hn_frozen": {"gamma": 0.5, "lambda_tok": 0.0, "margin": "frozen"},
+    "infonce": {"framework": "full", "gamma": 0.0, "lambda_tok": 0.0, "g_source": "live"},
+    "hn": {"framework": "full", "gamma": 0.5, "lambda_tok": 0.0, "g_source": "live"},
+    "hn_tok": {"framework": "full", "gamma": 0.5, "lambda_tok": 1.0, "g_source": "live"},
+    "hn_frozen": {"framework": "full", "gamma": 0.5, "lambda_tok": 0.0, "g_source": "frozen"},
 }
 
 

@@ -211,7 +211,7 @@ def test_eot_row_is_the_global_text_token_even_after_an_interior_zero_id(tiny):
 
 
 # ---- loss terms -------------------------------------------------------------------------------------
-OBJECTIVE = {"framework": "full", "gamma": 0.0, "lambda_tok": 0.0, "margin": "live"}
+OBJECTIVE = {"framework": "full", "gamma": 0.0, "lambda_tok": 0.0, "g_source": "live"}
 SETTINGS = {"num_patches": None}
 
 

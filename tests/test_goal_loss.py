@@ -216,7 +216,7 @@ def batch(backbone, bpe):
 
 
 def _objective(gamma):
-    return {"framework": "goal", "gamma": gamma, "lambda_tok": 0.0, "margin": "live"}
+    return {"framework": "goal", "gamma": gamma, "lambda_tok": 0.0, "g_source": "live"}
 
 
 def _captured(module, fn):

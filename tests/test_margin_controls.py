@@ -19,7 +19,7 @@ from helpers.micro_project import ROOT, VENV_BIN, run
 from helpers.training import EVALUATION, EXECUTION, SPEC, run_with_faults
 
 from hnclip.cli import main
-from hnclip.config import paths
+from hnclip.config import objective_keys, paths
 from hnclip.config.params import ParamsError, validate_params
 from hnclip.config.registry import Registry
 from hnclip.data.loader import PairDataset
@@ -38,7 +38,7 @@ from hnclip.training.probe import GradientProbe, infonce_gradient
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: tiny shapes, one thread
 
 MICRO, ACCUM = 4, 4
-CONSTANT = {"gamma": 0.5, "lambda_tok": 0.0, "margin": "live", "margin_control": "constant"}
+CONSTANT = {"framework": "full", "gamma": 0.5, "lambda_tok": 0.0, "g_source": "live", "margin_control": "constant"}
 SHUFFLED = with_run_seed({**CONSTANT, "margin_control": "shuffled"}, 7)
 CONTROL_ROWS = ("constant_margin", "shuffled_g", "longclip_ft_128way", "hn_clip_128way")
 
@@ -175,6 +175,9 @@ def test_the_probe_measures_the_runs_controlled_margin(tiny_state, objective):
     record = probe.measure(model, list(model.parameters()), images, tokens, shuffle_key=KEYS[0])
     trained = loss_terms(model, images, tokens, objective, shuffle_key=KEYS[0])
     assert record["hn_loss"] == float(trained["hn"].detach()) and record["margin_control"] == probe.margin_control
+    # the record states every objective key it was measured with, by its identity name
+    assert {name: record[name] for name in objective_keys.record(objective)} == objective_keys.record(objective)
+    assert record["margin"] == "live" and record["framework"] == "full"
     assert record["clip_loss"] == float(trained["infonce"].detach())
     assert record["clip_bf16_loss"] == pytest.approx(record["clip_loss"], rel=0.05)  # bf16 autocast on the CPU
     assert record["clip_bf16_grad_exactly_zero"] is False and record["clip_grad_norm_fp32"] > 0
@@ -272,16 +275,19 @@ def test_exact_zeros_of_the_infonce_gradient_on_a_saturated_batch(gap, zero_loss
 
 
 # ---- the table: runs, identities, plan, report ----------------------------------------------------
-def test_table_x1_expands_to_its_cells_and_adds_eight_runs(params, in_project, capsys):
+def test_table_x1_expands_to_its_cells_and_adds_its_controls_runs(params, in_project, capsys):
     reg = Registry(params)
     cells = reg.cells("tableX1")
-    assert len(cells) == 6 * 2 and {c.benchmark for c in cells} == {"docci", "dci"}
+    table = params["tables"]["tableX1"]
+    assert len(cells) == len(table["rows"]) * len(table["benchmarks"]) and \
+        {c.benchmark for c in cells} == {"docci", "dci"}
     without = copy.deepcopy(params)
     without["profiles"]["tiny"]["optional_tables"] = []
     before = Registry(without)
     assert "tableX1" not in before.tables and set(before.runs()) < set(reg.runs())
     new = set(reg.runs()) - set(before.runs())
-    assert new == {c.run_id for c in cells if c.row in CONTROL_ROWS} and len(new) == 8
+    # a run per control and training set (DOCCI's, DCI's); the pages' counts of them: tests/test_docs.py
+    assert new == {c.run_id for c in cells if c.row in CONTROL_ROWS} and len(new) == len(CONTROL_ROWS) * 2
     readable = {c.row: c.run_id.rsplit("-", 1)[0] for c in cells if c.benchmark == "docci"}
     assert readable == {"longclip_ft": "docci-g0-tok0-live-f1-s42", "hn_clip": "docci-g0.5-tok1-live-f1-s42",
                         "constant_margin": "docci-g0.5-tok1-live-constant-f1-s42",
@@ -332,7 +338,8 @@ def test_the_paper_profile_plans_table_x1_only_on_request(params, in_project):
 
 @pytest.mark.parametrize("mutate, message", [
     (lambda p: p["methods"]["hn_clip"].update(margin_control="random"), r"methods\.hn_clip\.margin_control"),
-    (lambda p: p["methods"]["hn_clip"].update(recipe={"exact_batch": "yes"}), r"methods\.hn_clip\.recipe\.exact_batch"),
+    (lambda p: p["methods"]["hn_clip"].update(recipe_overrides={"exact_batch": "yes"}),
+     r"methods\.hn_clip\.recipe_overrides\.exact_batch"),
     (lambda p: p.update(optional_tables="tableX1"), r"optional_tables"),
 ])
 def test_the_schema_rejects_malformed_controls(params, in_project, mutate, message):
@@ -344,7 +351,8 @@ def test_the_schema_rejects_malformed_controls(params, in_project, mutate, messa
 @pytest.mark.parametrize("mutate, message", [
     (lambda p: p["methods"]["goal_hn"].update(margin_control="constant"),
      r"methods\.goal_hn: margin_control is available for the frameworks \['full', 'lora', 'dora'\] only"),
-    (lambda p: p["methods"]["goal"].update(recipe={"exact_batch": True}), r"methods\.goal: recipe\.exact_batch"),
+    (lambda p: p["methods"]["goal"].update(recipe_overrides={"exact_batch": True}),
+     r"methods\.goal: recipe_overrides\.exact_batch"),
     (lambda p: p["tables"]["tableX1"].update(probe_rows=["hn_clap"]), r"tables\.tableX1\.probe_rows: \['hn_clap'\]"),
 ])
 def test_the_registry_rejects_controls_it_cannot_train(params, in_project, mutate, message):

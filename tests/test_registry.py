@@ -11,9 +11,11 @@ from hnclip.config.registry import Registry
 def test_committed_params_validate_and_expand(params, in_project, profile, seeds):
     reg = Registry(params, profile=profile)
     cells = reg.cells("table3a")
-    assert reg.table_seeds("table3a") == seeds and len(cells) == 5 * 4 * len(seeds)
+    gammas, benchmarks = params["tables"]["table3a"]["vary"]["gamma"], params["tables"]["table3a"]["benchmarks"]
+    assert reg.table_seeds("table3a") == seeds and len(cells) == len(gammas) * len(benchmarks) * len(seeds)
     # DCI and Long-DCI are evaluated on the same DCI-trained runs: 3 training sets, not 4.
-    assert len({c.run_id for c in cells}) == 5 * 3 * len(seeds)
+    train_sets = {params["benchmarks"][bench]["train"] for bench in benchmarks}
+    assert len(train_sets) == 3 and len({c.run_id for c in cells}) == len(gammas) * len(train_sets) * len(seeds)
     assert len({(c.run_id, c.benchmark) for c in cells}) == len(cells)
 
 
@@ -149,7 +151,8 @@ def test_changing_one_gamma_changes_only_that_row(params, in_project):
     changed = {c.row for c in after.cells("table3a")} ^ {c.row for c in before.cells("table3a")}
     assert changed == {"gamma=0.25", "gamma=0.3"}
     new_runs = set(after.runs()) - set(before.runs())
-    assert len(new_runs) == 3 * len(after.table_seeds("table3a"))
+    train_sets = {params["benchmarks"][bench]["train"] for bench in params["tables"]["table3a"]["benchmarks"]}
+    assert len(new_runs) == len(train_sets) * len(after.table_seeds("table3a"))
     assert all("-g0.3-" in run for run in new_runs)
 
 
@@ -167,7 +170,7 @@ def test_paper_profile_expands_without_data(params, in_project):
     (lambda p: p["profiles"]["tiny"]["datasets"].update(coco={"kind": "synthetic"}), r"profiles\.tiny\.datasets: 'coco' is not one of \['docci', 'dci', 'vg', 'urban1k'\]"),  # noqa: E501
     (lambda p: p["profiles"]["tiny"]["recipe"].pop("lr"), r"profiles\.tiny\.recipe: 'lr' is a required property"),
     (lambda p: p["profiles"]["tiny"]["recipe"].update(epochs="ten"), r"profiles\.tiny\.recipe\.epochs: 'ten' is not of type 'integer'"),  # noqa: E501
-    (lambda p: p["methods"]["hn_clip"].update(margin="stale"), r"methods\.hn_clip\.margin: 'stale' is not one of \['live', 'frozen'\]"),  # noqa: E501
+    (lambda p: p["methods"]["hn_clip"].update(g_source="stale"), r"methods\.hn_clip\.g_source: 'stale' is not one of \['live', 'frozen'\]"),  # noqa: E501
     (lambda p: p["profiles"]["tiny"]["datasets"]["docci"].update(variant="coco"), r"profiles\.tiny\.datasets\.docci\.variant: 'coco' is not one of"),  # noqa: E501
     (lambda p: p["profiles"]["tiny"]["recipe"].update(lr_typo=1), r"profiles\.tiny\.recipe: Additional properties are not allowed.*allowed keys"),  # noqa: E501
 ])

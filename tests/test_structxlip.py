@@ -300,7 +300,7 @@ def make_batch(tokenizer, has_edge=(True, True, False), crop_valid=((True, False
 
 
 def objective(gamma):
-    return {"framework": "structxlip", "gamma": gamma, "lambda_tok": 0.0, "margin": "live"}
+    return {"framework": "structxlip", "gamma": gamma, "lambda_tok": 0.0, "g_source": "live"}
 
 
 def test_text_states_match_open_clip(tiny, tokenizer):

@@ -139,7 +139,7 @@ def test_frozen_margin_stays_constant_while_live_drifts(tiny_data):
     data = PairDataset.from_manifest(tiny_data["train"], backbone.preprocess, backbone.tokenizer)
     images, tokens = data.batch(range(8))
     optimizer = build_optimizer(model, {"lr": 1e-3, "weight_decay": 0.0})
-    objective = {"gamma": 0.5, "lambda_tok": 0.0, "margin": "frozen"}
+    objective = {"gamma": 0.5, "lambda_tok": 0.0, "g_source": "frozen"}
     g_frozen, g_live = [], []
     for _ in range(3):
         with torch.no_grad():

@@ -137,9 +137,9 @@ def test_adapter_checkpoint_refuses_another_base(tmp_path):
 
 # ---- exact large batch ---------------------------------------------------------------------------
 @pytest.mark.parametrize("objective", [
-    {"gamma": 0.5, "lambda_tok": 1.0, "margin": "live"},
-    {"gamma": 0.5, "lambda_tok": 0.0, "margin": "frozen"},
-    {"gamma": 0.0, "lambda_tok": 0.0, "margin": "live"},
+    {"gamma": 0.5, "lambda_tok": 1.0, "g_source": "live"},
+    {"gamma": 0.5, "lambda_tok": 0.0, "g_source": "frozen"},
+    {"gamma": 0.0, "lambda_tok": 0.0, "g_source": "live"},
 ], ids=["hn_tok", "hn_frozen", "infonce"])
 def test_exact_batch_gradient_equals_full_batch_gradient(tiny_data, objective):
     torch.manual_seed(0)
@@ -156,7 +156,7 @@ def test_exact_batch_gradient_equals_full_batch_gradient(tiny_data, objective):
     model.zero_grad(set_to_none=True)  # reference: one 16-pair contrastive batch, token term per micro-batch
     encoded = encode_batch(model, images, tokens, with_tokens=False)
     scale = model.logit_scale.exp()
-    margin = encode_text(frozen, tokens).detach() if objective["margin"] == "frozen" else None
+    margin = encode_text(frozen, tokens).detach() if objective["g_source"] == "frozen" else None
     global_loss = hn_loss(encoded.image_features, encoded.text_features, scale, objective["gamma"], margin) \
         if objective["gamma"] > 0 else infonce_loss(encoded.image_features, encoded.text_features, scale)
     total = global_loss
@@ -183,7 +183,8 @@ def test_probe_measures_both_losses_without_side_effects(tiny_data):
     model = backbone.model.train()
     data = PairDataset.from_manifest(tiny_data["train"], backbone.preprocess, backbone.tokenizer)
     images, tokens = data.batch(range(8))
-    probe = GradientProbe.from_settings({"grad_probe_every": 3}, {"gamma": 0.0, "margin": "live"})
+    probe = GradientProbe.from_settings({"grad_probe_every": 3},
+                                        {"framework": "full", "gamma": 0.0, "lambda_tok": 0.0, "g_source": "live"})
     assert (probe.gamma, probe.gamma_source) == (0.5, "default")
     assert GradientProbe.from_settings({}, SPEC["objective"]) is None
     assert [probe.due(step) for step in range(4)] == [True, False, False, True]

@@ -8,6 +8,7 @@ import textwrap
 
 SPEC = {
     "train_set": "docci", "fraction": 1.0, "seed": 7,
+    # a run spec names the G source by its identity name, `margin` (hnclip.config.objective_keys)
     "objective": {"framework": "full", "gamma": 0.5, "lambda_tok": 1.0, "margin": "live"},
     "recipe": {"epochs": 2, "micro_batch": 8, "grad_accum": 2, "lr": 1e-3, "weight_decay": 0.01,
                "warmup_steps": 0, "reset_logit_scale": 100.0, "precision": "fp32"},

@@ -44,10 +44,10 @@ def headline_evaluations(reg: Registry) -> dict[str, dict[str, list[Path]]]:
     found: dict[str, dict[str, list[Path]]] = {}
     for bench, spec in reg.params["benchmarks"].items():
         for method in HEADLINE_METHODS:
-            recipe = reg.params["methods"].get(method)
-            if recipe is None:
+            settings = reg.params["methods"].get(method)
+            if settings is None:
                 continue
-            runs = [reg.run_spec(spec["train"], recipe, seed, register=False).run_id for seed in reg.profile["seeds"]]
+            runs = [reg.run_spec(spec["train"], settings, seed, register=False).run_id for seed in reg.profile["seeds"]]
             records = [paths.evaluation(run, bench) for run in runs if (run, bench) in planned]
             if records:
                 found.setdefault(bench, {})[method] = records

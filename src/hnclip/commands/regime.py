@@ -43,10 +43,10 @@ def _training_set(reg: Registry, role: str, key: str) -> str:
 def planned_run(reg: Registry, method: str, train_set: str) -> str | None:
     """The run id of `method` on the full `train_set` with the profile's first seed, if one of the
     profile's tables trains it (only those runs exist); else None."""
-    recipe = reg.params["methods"][method]
-    if recipe["framework"] not in RUNNABLE_FRAMEWORKS:
+    settings = reg.params["methods"][method]
+    if settings["framework"] not in RUNNABLE_FRAMEWORKS:
         return None
-    run_id = reg.run_spec(train_set, recipe, reg.profile["seeds"][0], 1.0, register=False).run_id
+    run_id = reg.run_spec(train_set, settings, reg.profile["seeds"][0], 1.0, register=False).run_id
     return run_id if run_id in reg.runs() else None
 
 

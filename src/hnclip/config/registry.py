@@ -22,9 +22,9 @@ from hnclip.config.constants import (
     RUNNABLE_FRAMEWORKS,
     TRAINED_FRAMEWORKS,
 )
-from hnclip.config.objective_keys import ZEROSHOT_FRAMEWORK, margin_source, misplaced_options, run_objective
-from hnclip.config.params import ParamsError, validate_params
-from hnclip.errors import UnknownNameError
+from hnclip.config.objective_keys import ZEROSHOT_FRAMEWORK, misplaced_options, readable_parts, run_objective
+from hnclip.config.params import ParamsError, params_error, validate_params
+from hnclip.errors import UnknownNameError, did_you_mean, did_you_mean_each, unknown_name
 from hnclip.hashing import canonical_json, json_sha256
 
 # The objective's keys, their defaults and which of them identify a run: hnclip.config.objective_keys.
@@ -69,15 +69,16 @@ class Cell:
 def method_recipe(recipe: dict, method: dict) -> dict:
     """The profile's recipe with a method's own settings: its learning-rate multipliers (PEFT
     adapters train at 25x the full fine-tuning rate, 5e-5 vs 2e-6 in the paper; FineLIP's backbone
-    at 0.5x and its cross-modal module at 100x; GOAL and StructXLIP at 2.5x), its own optimizer
-    settings (`recipe`: e.g. weight decay) and its adapter shape. Absent settings add no key, so
-    other runs keep their identity. `compute_batch` is an execution choice: never in a run's recipe."""
+    at 0.5x and its cross-modal module at 100x; GOAL and StructXLIP at 2.5x), its overrides of the
+    recipe (`recipe_overrides`: e.g. weight decay) and its adapter shape: the run's training recipe (a
+    spec's `recipe`). Absent settings add no key, so other runs keep their identity. `compute_batch` is an
+    execution choice: never in a run's recipe."""
     base_lr = recipe["lr"]
     # compute_batch is an execution choice; a null max_logit_scale is the default (unclamped): neither
     # is part of a run's identity, so naming them in params.yaml changes no run id
     recipe = {key: value for key, value in recipe.items()
               if key != "compute_batch" and not (key == "max_logit_scale" and value is None)}
-    recipe.update(method.get("recipe", {}))
+    recipe.update(method.get("recipe_overrides", {}))
     if method.get("lr_scale", 1.0) != 1.0:
         recipe["lr"] = base_lr * method["lr_scale"]
     if "module_lr_scale" in method:
@@ -91,10 +92,19 @@ def _check_trained_only(where: str, method: dict) -> None:
     """Table X1's controls (a margin control, one softmax over the accumulation group) are options of
     the HN-CLIP objective's trainer: a baseline framework would silently ignore them."""
     options = misplaced_options(method)
-    options += ["recipe.exact_batch"] if method.get("recipe", {}).get("exact_batch") else []
+    options += ["recipe_overrides.exact_batch"] if method.get("recipe_overrides", {}).get("exact_batch") else []
     if options and method["framework"] not in TRAINED_FRAMEWORKS:
         raise ParamsError(f"params.yaml: {where}: {', '.join(options)} is available for the frameworks "
                           f"{list(TRAINED_FRAMEWORKS)} only, not {method['framework']!r}")
+
+
+def _problems_of(check, *args) -> list[str]:
+    """The problems a check that raises at its first (a ParamsError) reports, as items of a list of them."""
+    try:
+        check(*args)
+    except ParamsError as error:
+        return [problem.removeprefix("params.yaml: ") for problem in error.problems]
+    return []
 
 
 def pretrain_dataset(pretrain: dict) -> dict:
@@ -121,6 +131,7 @@ def pretrain_spec(reg: "Registry", name: str) -> dict:
         "dataset": with_generator_digest(pretrain_dataset(pre)),
         "fraction": 1.0, "seed": pre["seed"],
         "init": {"backbone": "scratch", "model_config": backbone["model_config"]},
+        # `margin`: the G source by its identity name (hnclip.config.objective_keys), as every run spec has it
         "objective": {"framework": "full", "gamma": 0.0, "lambda_tok": 0.0, "margin": "live"},
         "recipe": {"epochs": pre["epochs"], "micro_batch": pre["batch_size"], "grad_accum": 1, "lr": pre["lr"],
                    "weight_decay": pre["weight_decay"], "warmup_steps": pre["warmup_steps"],
@@ -133,13 +144,14 @@ def _fmt(value: float) -> str:
 
 
 def make_run_id(spec: dict) -> tuple[str, str]:
+    """The run id: a readable part, then the first 8 hex digits of the spec's hash (`digest`, returned too).
+    The readable part shows the training set, the objective (each key it holds in its short form, declared
+    in hnclip.config.objective_keys: `docci-lora-g0.5-tok0-live-constant-…`), `exact` for one softmax
+    over the accumulation group, the fraction and the seed."""
     digest = json_sha256(spec)
-    obj = spec["objective"]
-    prefix = "" if obj["framework"] == "full" else f"{obj['framework']}-"
-    margin = margin_source(obj) + (f"-{obj['margin_control']}" if "margin_control" in obj else "")
-    batch = "-exact" if spec["recipe"].get("exact_batch") else ""  # one softmax over the accumulation group
-    readable = (f"{spec['train_set']}-{prefix}g{_fmt(obj['gamma'])}-tok{_fmt(obj['lambda_tok'])}"
-                f"-{margin}{batch}-f{_fmt(spec['fraction'])}-s{spec['seed']}")
+    batch = ["exact"] if spec["recipe"].get("exact_batch") else []
+    readable = "-".join([spec["train_set"], *readable_parts(spec["objective"]), *batch,
+                         f"f{_fmt(spec['fraction'])}", f"s{spec['seed']}"])
     return f"{readable}-{digest[:8]}", digest
 
 
@@ -151,8 +163,7 @@ class Registry:
         self.profile_name = profile or params["profile"]
         profiles = params["profiles"]
         if self.profile_name not in profiles:
-            raise ParamsError(f"params.yaml: profile: unknown profile {self.profile_name!r}; "
-                              f"allowed values: {sorted(profiles)}")
+            raise ParamsError("params.yaml: " + unknown_name("profile", "profile", self.profile_name, profiles))
         self.profile = profiles[self.profile_name]
         self._check_references()
         self._runs: dict[str, RunSpec] = {}
@@ -174,74 +185,104 @@ class Registry:
 
     # ---- validation of cross-references (the schema cannot see them) -------------------------
     def _check_references(self) -> None:
-        p, prof = self.params, self.profile
+        """Every name params.yaml uses refers to something it defines. One ParamsError names every broken
+        reference at once, each at its dotted key (a table row's with its key), with the allowed values
+        and the closest known names."""
+        problems = list(dict.fromkeys(self._reference_problems()))
+        if problems:
+            raise params_error(problems)
+
+    def _reference_problems(self) -> list[str]:
+        p, prof, pname = self.params, self.profile, self.profile_name
+        problems: list[str] = []
         if prof["backbone"] not in p["backbones"]:
-            raise ParamsError(f"params.yaml: profiles.{self.profile_name}.backbone: unknown backbone "
-                              f"{prof['backbone']!r}; allowed values: {sorted(p['backbones'])}")
+            problems.append(unknown_name(f"profiles.{pname}.backbone", "backbone", prof["backbone"], p["backbones"]))
         for name, bench in p["benchmarks"].items():
             for role, key in ((bench["train"], "train"), (bench["test"]["dataset"], "test.dataset")):
                 if role not in prof["datasets"]:
-                    raise ParamsError(f"params.yaml: benchmarks.{name}.{key}: dataset {role!r} is not defined "
-                                      f"in profile {self.profile_name!r}; allowed values: {sorted(prof['datasets'])}")
+                    problems.append(f"benchmarks.{name}.{key}: dataset {role!r} is not defined in profile {pname!r} "
+                                    f"(add it to profiles.{pname}.datasets); defined: {sorted(prof['datasets'])}")
+        for mname, method in p["methods"].items():
+            problems += self._settings_problems(f"methods.{mname}.settings", method)
+            problems += _problems_of(_check_trained_only, f"methods.{mname}", method)
         for tname, table in p["tables"].items():
-            for i, bench in enumerate(table["benchmarks"]):
-                if bench not in p["benchmarks"]:
-                    raise ParamsError(f"params.yaml: tables.{tname}.benchmarks.{i}: unknown benchmark {bench!r}; "
-                                      f"allowed values: {sorted(p['benchmarks'])}")
-            methods = [table["method"]] if "method" in table else [row["method"] for row in table["rows"]]
-            for method in methods:
-                if method not in p["methods"]:
-                    raise ParamsError(f"params.yaml: tables.{tname}: unknown method {method!r}; "
-                                      f"allowed values: {sorted(p['methods'])}")
-            for i, row in enumerate(table.get("rows", [])):
-                if row["method"] not in p["methods"]:
-                    raise ParamsError(f"params.yaml: tables.{tname}.rows.{i}.method: unknown method {row['method']!r}; "
-                                      f"allowed values: {sorted(p['methods'])}")
-                for bench in row.get("benchmarks", []):
-                    if bench not in table["benchmarks"]:
-                        raise ParamsError(f"params.yaml: tables.{tname}.rows.{i}.benchmarks: {bench!r} is not one "
-                                          f"of the table's benchmarks {table['benchmarks']}")
-        for mname, method in p["methods"].items():
-            unknown = set(method.get("settings", {})) - set(p["frameworks"].get(method["framework"], {}))
-            if unknown:
-                raise ParamsError(f"params.yaml: methods.{mname}.settings: unknown key(s) {sorted(unknown)} for the "
-                                  f"{method['framework']} framework; allowed keys: "
-                                  f"{sorted(p['frameworks'].get(method['framework'], {}))}")
-        for mname, method in p["methods"].items():
-            _check_trained_only(f"methods.{mname}", method)
+            problems += self._table_problems(tname, table)
         optional = sorted(name for name, table in p["tables"].items() if table.get("optional"))
         switch = p.get("optional_tables")
         # A profile may name a table a trimmed params file leaves out; the switch must name optional tables.
-        for where, wrong in ((f"profiles.{self.profile_name}.optional_tables",
+        for where, wrong in ((f"profiles.{pname}.optional_tables",
                               set(prof.get("optional_tables", [])) & (set(p["tables"]) - set(optional))),
                              ("optional_tables", set(switch if isinstance(switch, list) else []) - set(optional))):
             if wrong:
-                raise ParamsError(f"params.yaml: {where}: {sorted(wrong)} are not optional tables; "
-                                  f"allowed values: {optional}")
-        for tname, table in p["tables"].items():
-            keys = [row["key"] for row in table.get("rows", [])]
-            if set(table.get("probe_rows", [])) - set(keys):
-                raise ParamsError(f"params.yaml: tables.{tname}.probe_rows: "
-                                  f"{sorted(set(table['probe_rows']) - set(keys))} are not rows of the table; "
-                                  f"allowed values: {keys}")
-        for tname, table in p["tables"].items():
-            for i, row in enumerate(table.get("rows", [])):
-                _check_trained_only(f"tables.{tname}.rows.{i}", {**p["methods"][row["method"]], **row.get("set", {})})
+                problems.append(f"{where}: {sorted(wrong)} are not optional tables; allowed values: {optional}"
+                                f"{did_you_mean_each(sorted(wrong), optional)}")
         for tname, table in p["derived_tables"].items():
-            if tname in p["tables"]:
-                raise ParamsError(f"params.yaml: derived_tables.{tname}: the name is also a table of `tables`")
-            for i, row in enumerate(table.get("rows", [])):
-                if row["method"] not in p["methods"]:
-                    raise ParamsError(f"params.yaml: derived_tables.{tname}.rows.{i}.method: unknown method "
-                                      f"{row['method']!r}; allowed values: {sorted(p['methods'])}")
-            if table["kind"] == "timing" and not ("train" in table and table.get("rows")):
-                raise ParamsError(f"params.yaml: derived_tables.{tname}: a timing table needs `train` and `rows`")
-
+            problems += self._derived_table_problems(tname, table)
         for fname, figure in p.get("figures", {}).items():
-            for table in [figure.get("table")] + [s["table"] for s in figure.get("series", [])]:
+            tables = [(f"figures.{fname}.table", figure.get("table"))] + \
+                [(f"figures.{fname}.series.{i}.table", s["table"]) for i, s in enumerate(figure.get("series", []))]
+            for where, table in tables:
                 if table is not None and table not in p["tables"]:
-                    raise ParamsError(f"params.yaml: figures.{fname}: unknown table {table!r}; "
-                                      f"allowed values: {sorted(p['tables'])}")
+                    problems.append(unknown_name(where, "table", table, p["tables"]))
+        return problems
+
+    def _table_problems(self, tname: str, table: dict) -> list[str]:
+        """A table's broken references: its benchmarks, its method (`vary`) or its rows' methods, benchmarks
+        and settings, its probe rows."""
+        p, at = self.params, f"tables.{tname}"
+        problems = [unknown_name(f"{at}.benchmarks.{i}", "benchmark", bench, p["benchmarks"])
+                    for i, bench in enumerate(table["benchmarks"]) if bench not in p["benchmarks"]]
+        if "method" in table and table["method"] not in p["methods"]:
+            problems.append(unknown_name(at, "method", table["method"], p["methods"]))
+        for i, row in enumerate(table.get("rows", [])):
+            in_row = f" in row {row['key']!r}"
+            if row["method"] not in p["methods"]:
+                problems.append(unknown_name(f"{at}.rows.{i}.method", "method", row["method"], p["methods"], in_row))
+            elif row.get("set"):   # what the row's own settings break (the method's own problems are its)
+                method = {**p["methods"][row["method"]], **row["set"]}
+                problems += self._settings_problems(f"{at}.rows.{i}.set.settings", method, row["set"])
+                if not _problems_of(_check_trained_only, "", p["methods"][row["method"]]):
+                    problems += _problems_of(_check_trained_only, f"{at}.rows.{i} (row {row['key']!r})", method)
+            for j, bench in enumerate(row.get("benchmarks", [])):
+                if bench not in table["benchmarks"]:
+                    problems.append(f"{at}.rows.{i}.benchmarks.{j}: benchmark {bench!r}{in_row} is not one of the "
+                                    f"table's benchmarks {table['benchmarks']}"
+                                    f"{did_you_mean(bench, table['benchmarks'])}")
+        keys = [row["key"] for row in table.get("rows", [])]
+        missing = [row for row in table.get("probe_rows", []) if row not in keys]
+        if missing:
+            problems.append(f"{at}.probe_rows: {sorted(missing)} are not rows of the table; allowed values: {keys}"
+                            f"{did_you_mean_each(sorted(missing), keys)}")
+        return problems
+
+    def _settings_problems(self, where: str, method: dict, own: dict | None = None) -> list[str]:
+        """Keys of a method's `settings` (or of a row's `set: {settings: ...}`, `own`) that its framework's
+        protocol settings (`frameworks.<framework>`) do not have."""
+        settings = (method if own is None else own).get("settings", {})
+        allowed = sorted(self.params["frameworks"].get(method["framework"], {}))
+        unknown = sorted(set(settings) - set(allowed))
+        if not unknown:
+            return []
+        if not allowed:
+            return [f"{where}: unknown key(s) {unknown} for the {method['framework']} framework, which has no "
+                    f"settings; the frameworks with settings: {sorted(self.params['frameworks'])}"]
+        return [f"{where}: unknown key(s) {unknown} for the {method['framework']} framework; allowed keys: "
+                f"{allowed}{did_you_mean_each(unknown, allowed)}"]
+
+    def _derived_table_problems(self, tname: str, table: dict) -> list[str]:
+        p, at = self.params, f"derived_tables.{tname}"
+        problems = []
+        if tname in p["tables"]:
+            problems.append(f"{at}: the name is also a table of `tables`; rename one of them")
+        for i, row in enumerate(table.get("rows", [])):
+            if row["method"] not in p["methods"]:
+                problems.append(unknown_name(f"{at}.rows.{i}.method", "method", row["method"], p["methods"],
+                                             f" in row {row['key']!r}"))
+        if table["kind"] == "timing" and not ("train" in table and table.get("rows")):
+            missing = [key for key in ("train", "rows") if not table.get(key)]
+            problems.append(f"{at}: a timing table needs `train` (the training set of the runs it times) and `rows` "
+                            f"(the methods it times); missing: {missing}")
+        return problems
 
     def figure_tables(self, name: str) -> list[str]:
         """Tables whose cells a figure draws (none for the caption-geometry figures)."""
@@ -303,10 +344,10 @@ class Registry:
         spec = self.params["derived_tables"][table or self.derived_table("timing")]
         out = {}
         for row in spec["rows"]:
-            recipe = self.params["methods"][row["method"]]
+            method = self.params["methods"][row["method"]]
             run_id = None
-            if recipe["framework"] in RUNNABLE_FRAMEWORKS:
-                run = self.run_spec(spec["train"], recipe, self.profile["seeds"][0], register=False)
+            if method["framework"] in RUNNABLE_FRAMEWORKS:
+                run = self.run_spec(spec["train"], method, self.profile["seeds"][0], register=False)
                 run_id = run.run_id if run.run_id in self._runs else None
             if run_id or not row.get("optional"):
                 out[row["key"]] = run_id
@@ -363,7 +404,7 @@ class Registry:
             spec["pretrain_data"] = with_generator_digest(pretrain_dataset(spec["pretrain"]))["generator_digest"]
         return spec
 
-    def run_spec(self, train_set: str, objective: dict, seed: int, fraction: float = 1.0,
+    def run_spec(self, train_set: str, method: dict, seed: int, fraction: float = 1.0,
                  register: bool = True) -> RunSpec:
         """The run of these settings; `register=False` only computes its identity (planned runs are
         exactly those the tables ask for: nothing else may add to them)."""
@@ -373,13 +414,13 @@ class Registry:
             "fraction": float(fraction),
             "seed": int(seed),
             "init": self.init_spec(),
-            "objective": run_objective(objective),
-            "recipe": method_recipe(self.profile["recipe"], objective),
+            "objective": run_objective(method),
+            "recipe": method_recipe(self.profile["recipe"], method),
         }
-        framework = objective["framework"]
+        framework = method["framework"]
         costs = {}
         if framework in BASELINE_FRAMEWORKS:  # its protocol settings and the auxiliary inputs it reads
-            settings = {**self.params["frameworks"][framework], **objective.get("settings", {})}
+            settings = {**self.params["frameworks"][framework], **method.get("settings", {})}
             costs = {key: settings.pop(key) for key in COST_ONLY_SETTINGS.get(framework, ()) if key in settings}
             spec["objective"]["settings"] = settings
             aux = self.profile.get("auxiliary", {})
@@ -396,15 +437,17 @@ class Registry:
         return f"zeroshot-{self.backbone_name()}-{digest[:8]}"
 
     def _table_rows(self, name: str) -> list[dict]:
-        """Each row of a table as {key, method, recipe, train, benchmarks, seeds}."""
+        """Each row of a table as {key, method, settings (the method's dict with the row's own settings), train,
+        benchmarks, seeds}."""
         table, methods = self.params["tables"][name], self.params["methods"]
         seeds = self.table_seeds(name)
         if "vary" in table:
             (knob, values), = table["vary"].items()
             return [{"key": f"{knob}={_fmt(value)}", "method": table["method"],
-                     "recipe": {**methods[table["method"]], knob: value}, "train": None,
+                     "settings": {**methods[table["method"]], knob: value}, "train": None,
                      "benchmarks": table["benchmarks"], "seeds": seeds} for value in values]
-        return [{"key": row["key"], "method": row["method"], "recipe": {**methods[row["method"]], **row.get("set", {})},
+        return [{"key": row["key"], "method": row["method"],
+                 "settings": {**methods[row["method"]], **row.get("set", {})},
                  "train": row.get("train"), "benchmarks": row.get("benchmarks", table["benchmarks"]),
                  "seeds": [row["seed"]] if "seed" in row else seeds} for row in table["rows"]]
 
@@ -412,23 +455,23 @@ class Registry:
         """Seeds of a table's cells under this profile (`table_seeds` overrides the profile's `seeds`)."""
         return self.profile.get("table_seeds", {}).get(table, self.profile["seeds"])
 
-    def _cell_run(self, recipe: dict, train_set: str, seed: int) -> str | None:
-        if recipe["framework"] == ZEROSHOT:
+    def _cell_run(self, method: dict, train_set: str, seed: int) -> str | None:
+        if method["framework"] == ZEROSHOT:
             return self.zeroshot_id()
-        if recipe["framework"] not in RUNNABLE_FRAMEWORKS:
+        if method["framework"] not in RUNNABLE_FRAMEWORKS:
             return None
-        return self.run_spec(train_set, recipe, seed, recipe.get("fraction", 1.0)).run_id
+        return self.run_spec(train_set, method, seed, method.get("fraction", 1.0)).run_id
 
     def _expand_table(self, name: str) -> list[Cell]:
         cells = []
         for row in self._table_rows(name):
-            zeroshot = row["recipe"]["framework"] == ZEROSHOT
+            zeroshot = row["settings"]["framework"] == ZEROSHOT
             for bench in row["benchmarks"]:
                 train_set = row["train"] or self.params["benchmarks"][bench]["train"]
                 for seed in row["seeds"][:1] if zeroshot else row["seeds"]:  # nothing to seed without training
-                    run_id = self._cell_run(row["recipe"], train_set, seed)
+                    run_id = self._cell_run(row["settings"], train_set, seed)
                     cells.append(Cell(name, row["key"], bench, seed, run_id, None if zeroshot else train_set,
-                                      row["method"], tuple(sorted(row["recipe"].items()))))
+                                      row["method"], tuple(sorted(row["settings"].items()))))
         return cells
 
     # ---- queries -------------------------------------------------------------------------------

@@ -80,12 +80,14 @@ def infonce_logits(image_features: torch.Tensor, text_features: torch.Tensor,
 
 def hn_logits(image_features: torch.Tensor, text_features: torch.Tensor, logit_scale: torch.Tensor | float,
               gamma: float, g_features: torch.Tensor | None = None, margin_control: str = "none",
-              generator: torch.Generator | None = None) -> torch.Tensor:
+              generator: torch.Generator | None = None, **margin_settings) -> torch.Tensor:
     """s * (S + gamma * G_bar) (or a margin control of G_bar); G is that of the `text_features` themselves
-    (the live encoder's) unless other `g_features` are given (e.g. a frozen initial text tower's)."""
+    (the live encoder's) unless other `g_features` are given (e.g. a frozen initial text tower's). The
+    objective's other margin settings (`margin_settings`, by their keys' names in
+    hnclip.config.objective_keys) go to `margin_matrix` as they are."""
     sims = image_features @ text_features.t()
     margins = margin_matrix(text_features if g_features is None else g_features, gamma,
-                            margin_control, generator)
+                            margin_control, generator, **margin_settings)
     return logit_scale * (sims + margins.to(sims.dtype))
 
 

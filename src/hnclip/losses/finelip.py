@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hnclip.config.objective_keys import g_source
 from hnclip.losses.distributed import all_gather_with_grad
 from hnclip.losses.objective import Autocast, as_float32, contrastive_terms
 from hnclip.models.towers import encode_batch
@@ -214,8 +215,8 @@ def finelip_loss_terms(model, module: FineLIPModule, images: torch.Tensor, token
     settings = finelip_settings(settings)
     if objective.get("lambda_tok", 0) > 0:
         raise ValueError("FineLIP mode has no FILIP token term; set lambda_tok to 0")
-    if objective["gamma"] > 0 and objective.get("margin", "live") != "live":
-        raise ValueError("FineLIP mode supports only the live L_HN margin")
+    if objective["gamma"] > 0 and g_source(objective) != "live":
+        raise ValueError("FineLIP mode supports only L_HN with G from the live text encoder (g_source: live)")
     check_cls_pooling(model.visual)
     with autocast():
         encoded = encode_batch(model, images, tokens, with_tokens=True)

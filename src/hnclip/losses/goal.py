@@ -36,6 +36,7 @@ from dataclasses import dataclass, fields
 import torch
 import torch.nn.functional as F
 
+from hnclip.config.objective_keys import g_source
 from hnclip.losses.distributed import global_infonce_loss
 from hnclip.losses.objective import as_float32, contrastive_terms, trained_term
 from hnclip.models.towers import text_length
@@ -372,8 +373,8 @@ def goal_loss_terms(model, batch: GoalBatch, objective: dict, settings: GoalSett
     LN + projection of the pooled tokens run outside it, in fp32, as released (`encode_with_hidden`); the
     losses are computed in fp32.
     """
-    if objective.get("lambda_tok", 0) > 0 or objective.get("margin", "live") != "live":
-        raise ValueError("GOAL swaps only its global term: lambda_tok must be 0 and the margin 'live'")
+    if objective.get("lambda_tok", 0) > 0 or g_source(objective) != "live":
+        raise ValueError("GOAL swaps only its global term: lambda_tok must be 0 and g_source 'live'")
     _check_supported(model)
     grid = model.visual.grid_size
     _check_batch(batch, grid[0] * grid[1] + 1)

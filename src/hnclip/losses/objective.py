@@ -21,7 +21,7 @@ from typing import Callable, ContextManager
 
 import torch
 
-from hnclip.config.objective_keys import margin_control, margin_source
+from hnclip.config.objective_keys import g_source, margin_control, margin_settings
 from hnclip.losses.contrastive import hn_logits, infonce_logits, symmetric_cross_entropy
 from hnclip.losses.distributed import gather_features, global_token_alignment_loss
 from hnclip.models.towers import Encoded, encode_batch, encode_text
@@ -60,9 +60,9 @@ def shuffle_generator(objective: dict, shuffle_key: ShuffleKey | None) -> torch.
 
 
 def frozen_g_features(frozen_text, tokens: torch.Tensor, objective: dict) -> torch.Tensor | None:
-    """The margin features of a frozen margin source (Table 3c): the text features of the frozen initial
-    text tower; None when G comes from the live text features."""
-    if objective["gamma"] <= 0 or margin_source(objective) != "frozen":
+    """The G features of a frozen G source (Table 3c): the text features of the frozen initial text tower;
+    None when G comes from the live text features."""
+    if objective["gamma"] <= 0 or g_source(objective) != "frozen":
         return None
     with torch.no_grad():
         return encode_text(frozen_text, tokens)
@@ -73,13 +73,13 @@ def global_logits(image_features, text_features, logit_scale, objective: dict, g
     """The logits of the objective's global terms on the global batch (features in fp32, gathered across
     processes): `infonce` (s * S) and, when gamma > 0, `hn` (s * (S + gamma * G_bar), or a margin control
     of G_bar, shuffled by the group's `shuffle_key`). Every objective key the global terms depend on is
-    read here and nowhere else."""
+    read here and nowhere else: the margin settings (`margin_settings`) go to `margin_matrix` by name."""
     image_features, text_features, g_features = gather_features(
         as_float32(image_features), as_float32(text_features), g_features)
     logits = {"infonce": infonce_logits(image_features, text_features, logit_scale)}
     if objective["gamma"] > 0:
         logits["hn"] = hn_logits(image_features, text_features, logit_scale, objective["gamma"], g_features,
-                                 margin_control(objective), shuffle_generator(objective, shuffle_key))
+                                 generator=shuffle_generator(objective, shuffle_key), **margin_settings(objective))
     return logits
 
 

@@ -41,6 +41,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hnclip.config.constants import ADAPTER_FRAMEWORKS, CONTEXT_LENGTH, TRAINED_FRAMEWORKS
+from hnclip.config.objective_keys import g_source
 from hnclip.config.registry import Registry
 from hnclip.plan.model_size import adapter_parameters, clip_parameters, model_config, text_tower_parameters
 from hnclip.training.memory_plan import MemoryPlan
@@ -151,7 +152,7 @@ def memory_model(reg: Registry, precision: str | None = None) -> list[FrameworkM
         spec = run.spec
         objective, recipe = spec["objective"], spec["recipe"]
         framework = objective["framework"]
-        frozen = framework in TRAINED_FRAMEWORKS and objective.get("margin") == "frozen"
+        frozen = framework in TRAINED_FRAMEWORKS and g_source(objective) == "frozen"
         name = "frozen_g" if frozen else framework
         kind = kinds.setdefault(name, {"framework": framework, "runs": 0, "recipe": recipe, "objective": objective})
         kind["runs"] += 1

@@ -137,7 +137,7 @@ def prepare_run(job: TrainJob, distributed: Distributed) -> _Run:
     cache, loading = execution.get("cache_images", True), loading_options(execution)
     train_set = PairDataset.from_manifest(job.train_manifest, backbone.preprocess, backbone.tokenizer, cache,
                                           **loading)
-    # the run's protocol settings plus the released code's cost-only steps it executes (not its identity)
+    # the run's protocol settings plus the released code's cost-only operations it executes (not its identity)
     settings = {**objective.get("settings", {}), **execution.get("cost_only_steps", {})}
     method = build_method(objective["framework"], objective, settings, trained.module, train_set,
                           job.auxiliary, backbone.tokenizer, frozen_text)

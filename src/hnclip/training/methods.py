@@ -3,7 +3,7 @@
 `full`, `lora` and `dora` train the HN-CLIP objective (`hnclip.losses.objective`): L_HN or
 InfoNCE, plus lambda * L_tok. The machinery baselines train their own objectives
 (`hnclip.losses.finelip`, `.goal`, `.structxlip`), whose global image-caption term becomes L_HN
-when the recipe's gamma > 0 (the paper's plug-and-play swap, D.2); their other terms are
+when the run's objective has gamma > 0 (the paper's plug-and-play swap, D.2); their other terms are
 untouched. Each method says what one micro-batch holds (`load`), its terms (`terms`), what
 happens after each optimizer step (StructXLIP clamps the logit scale), which extra module,
 if any, trains beside the CLIP (FineLIP's aggregators, at their own learning rate) and, where the
@@ -142,7 +142,7 @@ def _finelip(objective: dict, settings: dict, model, train_set) -> Method:
 def _goal(objective: dict, settings: dict, model, train_set, auxiliary: dict[str, Path], tokenizer) -> Method:
     from hnclip.auxiliary.batches import GoalInputs
     from hnclip.losses.goal import GoalSettings, goal_loss_terms
-    # the cost-only steps (double forward, anomaly detection) run only where the job asks (Registry.released_costs)
+    # the cost-only operations (double forward, anomaly detection) run only where the job asks (Registry.released_costs)
     goal_settings = GoalSettings.from_dict({"double_forward": False,
                                             **{k: v for k, v in settings.items() if k != "anomaly_detection"}})
     inputs = GoalInputs(train_set, auxiliary["segments"], tokenizer, _grid_size(model.visual.image_size),

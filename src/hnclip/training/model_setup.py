@@ -7,6 +7,7 @@ import math
 
 import torch
 
+from hnclip.config.objective_keys import g_source
 from hnclip.models.factory import load_backbone
 from hnclip.runtime.device import AUTOCAST_DEVICE_TYPES
 from hnclip.training.frameworks import TrainedModel
@@ -38,6 +39,6 @@ def build_model(job, device: torch.device):
     if recipe.get("reset_logit_scale"):
         with torch.no_grad():
             base.logit_scale.fill_(math.log(recipe["reset_logit_scale"]))
-    frozen_text = frozen_text_encoder(base) if objective["margin"] == "frozen" else None
+    frozen_text = frozen_text_encoder(base) if g_source(objective) == "frozen" else None
     trained = TrainedModel.build(base, objective.get("framework", "full"), recipe.get("adapter"))
     return backbone, trained, frozen_text

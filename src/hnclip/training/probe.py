@@ -17,10 +17,12 @@ computed the way an fp32 trainer computes it (`clip_grad_norm_fp32`: squares in 
 underflow below ~1e-22 per entry), beside the float64 norm.
 
 Both losses are the run's own: the probe hands the run's objective to the function the trainer computes
-the global terms with (`hnclip.losses.objective.global_logits`), so L_HN has the run's gamma, margin
-source and margin control (constant / shuffled G, with the micro-batch's shuffle key), and every
+the global terms with (`hnclip.losses.objective.global_logits`), so L_HN has the run's gamma, G source
+and margin control (constant / shuffled G, with the micro-batch's shuffle key), and every
 objective key added later; a run with gamma 0 (InfoNCE) is probed with gamma 0.5, the paper's default,
-and its margin settings at their defaults (`gamma_source` says which). Only the global terms are probed
+and its margin settings at their defaults (`gamma_source` says which). Every record states the objective
+it measured: each key of `hnclip.config.objective_keys`, by its identity name as the run's spec names it
+(`margin` for the G source), an option at its default included. Only the global terms are probed
 (no token term).
 The probe cannot change training: it never touches .grad, it runs under a forked RNG, and the
 model has no batch statistics. Norms and dot products accumulate in float64, so tiny fp32
@@ -33,7 +35,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hnclip.config.objective_keys import margin_defaults, margin_source
+from hnclip.config import objective_keys
+from hnclip.config.objective_keys import g_source, margin_defaults
 from hnclip.losses.contrastive import infonce_logits, symmetric_cross_entropy
 from hnclip.losses.distributed import gather_features
 from hnclip.losses.objective import Autocast, ShuffleKey, frozen_g_features, global_logits, margin_control
@@ -69,9 +72,9 @@ class GradientProbe:
         return float(self.objective["gamma"])
 
     @property
-    def margin_source(self) -> str:
-        """live | frozen, as the run (params.yaml's `margin`)."""
-        return margin_source(self.objective)
+    def g_source(self) -> str:
+        """live | frozen, as the run."""
+        return g_source(self.objective)
 
     @property
     def margin_control(self) -> str:
@@ -105,8 +108,7 @@ class GradientProbe:
         if distributed.enabled:  # each rank holds its share of the global gradient (see losses.distributed)
             average_tensors(clip_params + hn_params, distributed.world_size)
         clip, hn = _statistics(clip_params), _statistics(hn_params)
-        record = {"gamma": self.gamma, "gamma_source": self.gamma_source, "margin": self.margin_source,
-                  "margin_control": self.margin_control,
+        record = {**objective_keys.record(self.objective), "gamma_source": self.gamma_source,
                   "batch": int(logits["clip"].shape[0]), "parameters": clip["entries"],
                   "clip_loss": float(losses["clip"].detach()), "hn_loss": float(losses["hn"].detach()),
                   "clip_grad_norm": clip["norm"], "hn_grad_norm": hn["norm"],
@@ -136,8 +138,8 @@ def probe_summary(probe: GradientProbe | None, records: list[dict]) -> dict | No
     """What train.json says about the probe; the records themselves go to grad_probe.jsonl."""
     if probe is None:
         return None
-    return {"every": probe.every, "bf16_every": probe.bf16_every, "gamma": probe.gamma,
-            "gamma_source": probe.gamma_source, "margin": probe.margin_source, "measurements": len(records),
+    return {"every": probe.every, "bf16_every": probe.bf16_every, **objective_keys.record(probe.objective),
+            "gamma_source": probe.gamma_source, "measurements": len(records),
             "clip_grad_exactly_zero": sum(r["clip_grad_exactly_zero"] for r in records),
             "hn_grad_exactly_zero": sum(r["hn_grad_exactly_zero"] for r in records),
             "clip_bf16_grad_exactly_zero": sum(bool(r.get("clip_bf16_grad_exactly_zero")) for r in records)}
