@@ -266,3 +266,15 @@ def test_a_method_problem_is_reported_once_not_at_every_row_that_uses_it(params,
     assert message.startswith("params.yaml: methods.goal: recipe_overrides.exact_batch is available for the "
                               "frameworks ['full', 'lora', 'dora'] only, not 'goal'")
     assert "\n" not in message and "rows" not in message
+
+
+def test_a_key_renamed_for_one_meaning_per_word_names_its_new_name(params):
+    """A params file written with a method's old key names (`margin: live`, `recipe:`) is told the new ones."""
+    params["methods"]["hn_clip"]["margin"] = params["methods"]["hn_clip"].pop("g_source")
+    params["methods"]["goal"]["recipe"] = params["methods"]["goal"].pop("recipe_overrides")
+    message = message_of(params, None)
+    assert "methods.hn_clip: unknown key(s) ['margin']" in message
+    assert "'margin' is now called 'g_source' (g_source: " in message
+    assert "methods.goal: unknown key(s) ['recipe']" in message
+    assert "'recipe' is now called 'recipe_overrides' (recipe_overrides: " in message
+    assert "did you mean 'margin_control'" not in message

@@ -163,6 +163,11 @@ def _explained(name: str | None, description: str | None) -> str:
     return f" ({name}: {description})" if name and description else ""
 
 
+# A method's keys renamed so that each word means one thing (docs/pipeline.md's glossary): a params file
+# written before the rename is told the new name rather than a guess.
+RENAMED_KEYS = {"margin": "g_source", "recipe": "recipe_overrides"}
+
+
 def _unknown_keys(error: jsonschema.ValidationError, schema: object, root: dict) -> str:
     """The misspelt keys of an object closed by `additionalProperties: false` or `unevaluatedProperties:
     false`: the allowed keys, the closest of them to each unknown one and what that one means."""
@@ -173,7 +178,10 @@ def _unknown_keys(error: jsonschema.ValidationError, schema: object, root: dict)
         text = f"unknown key(s) {unknown}, allowed keys: {known}"
     else:
         text = f"{error.message}, allowed keys: {known}"
-    guesses = list(dict.fromkeys(guess for key in unknown for guess in close_names(key, known)))
+    renamed = {key: RENAMED_KEYS[key] for key in unknown if RENAMED_KEYS.get(key) in declared}
+    text += "".join(f"; {key!r} is now called {new!r}" for key, new in renamed.items())
+    unknown = [key for key in unknown if key not in renamed]
+    guesses = list(dict.fromkeys([*renamed.values(), *(guess for key in unknown for guess in close_names(key, known))]))
     meanings = [f"{guess}: {_description(declared[guess], root)}" for guess in guesses
                 if _description(declared[guess], root)]
     return text + did_you_mean_each(unknown, known) + (f" ({'; '.join(meanings)})" if meanings else "")
