@@ -197,3 +197,13 @@ def test_a_circle_is_caught(tmp_path):
     (tmp_path / "report" / "b.py").write_text("from hnclip.report import a\n")
     (tmp_path / "report" / "c.py").write_text("from hnclip.report.a import f\n")
     assert circles(import_graph(tmp_path)) == [["hnclip.report.a", "hnclip.report.b"]]
+
+
+def test_the_plan_imports_no_torch():
+    """The Snakefile imports the plan to book each job's time limit: importing torch there would cost every
+    `snakemake` invocation seconds (and a CUDA initialisation on a login node)."""
+    import subprocess
+    import sys
+    code = "import sys, hnclip.plan.cost_plan, hnclip.plan.printout; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
