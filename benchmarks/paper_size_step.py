@@ -12,7 +12,7 @@ Long-CLIP layout at 112 px. Here:
   a paper run uses (`model_setup.build_model` -> `factory.load_backbone` -> `longclip.load_longclip`, with the
   file's own sha256 as its pin).
 * Each framework (`FRAMEWORKS`: the params.yaml method it is, on Table A3's training set, so GOAL pays its
-  released cost-only steps as the timed run does) takes one optimizer step through the trainer's own code:
+  released cost-only operations as the timed run does) takes one optimizer step through the trainer's own code:
   the paper profile's run spec from the registry (objective, framework settings, recipe), `build_model`,
   `build_method`, `build_optimizer`, `group_backward` in the batch mode the paper's execution settings give,
   the optimizer step, `after_step` and the logit-scale clamp. One micro-batch of 2 pairs (grad_accum 1),
@@ -57,7 +57,7 @@ from command1_costs import append_record, gemm_gflops, utc_now  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "paper_size_step.jsonl"
 PROFILE = "paper"
-TRAIN_SET = "dci"      # Table A3's training set: its GOAL run pays the released cost-only steps
+TRAIN_SET = "dci"      # Table A3's training set: its GOAL run pays the released cost-only operations
 MICRO_BATCH, GRAD_ACCUM = 2, 1
 DEVICE = "cpu"         # --device: set in the parent before the processes fork (which never touches CUDA)
 EPOCH, MICRO_BATCH_INDEX = 1, 0   # the second epoch's first micro-batch: every term weighted (FineLIP's ramp is 1)
@@ -362,7 +362,7 @@ def paper_job(reg, framework: str, prepared: dict, work: Path):
     spec = copy.deepcopy(run.spec)
     paper_recipe = dict(spec["recipe"])
     spec["recipe"].update(micro_batch=MICRO_BATCH, grad_accum=GRAD_ACCUM)
-    execution = {**reg.profile["execution"], "cost_only_steps": reg.released_costs(run.run_id),
+    execution = {**reg.profile["execution"], "cost_only_settings": reg.released_costs(run.run_id),
                  "compute_batch": reg.profile["recipe"].get("compute_batch", paper_recipe["micro_batch"]),
                  "threads": min(reg.profile["execution"]["threads"], os.cpu_count() or 1), "device": DEVICE}
     auxiliary = {kind: Path(prepared[kind]) for kind in reg.auxiliary_inputs(run.run_id)}
@@ -415,7 +415,7 @@ def train_step(framework: str, job, paper_recipe: dict, method_params: dict) -> 
     backbone, trained, frozen_text = build_model(job, device)
     loaded = time.perf_counter()
     train_set = PairDataset.from_manifest(job.train_manifest, backbone.preprocess, backbone.tokenizer)
-    settings = {**objective.get("settings", {}), **execution.get("cost_only_steps", {})}
+    settings = {**objective.get("settings", {}), **execution.get("cost_only_settings", {})}
     method = build_method(objective["framework"], objective, settings, trained.module, train_set, job.auxiliary,
                           backbone.tokenizer, frozen_text)
     if method.extra_module is not None:
@@ -456,7 +456,7 @@ def train_step(framework: str, job, paper_recipe: dict, method_params: dict) -> 
     result = {
         "method": FRAMEWORKS[framework], "label": method_params["label"], "run_id": job.run_id,
         "objective": {k: v for k, v in spec["objective"].items() if k != "settings"},
-        "settings": spec["objective"].get("settings"), "cost_only_steps": execution.get("cost_only_steps", {}),
+        "settings": spec["objective"].get("settings"), "cost_only_settings": execution.get("cost_only_settings", {}),
         "batch_mode": mode, "precision": {"requested": recipe.get("precision", "fp32"), "effective": precision},
         "recipe": {k: recipe[k] for k in ("lr", "weight_decay", "module_lr", "decay_all", "adapter") if k in recipe},
         "paper_micro_batch": paper_recipe["micro_batch"], "paper_grad_accum": paper_recipe["grad_accum"],

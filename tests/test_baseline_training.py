@@ -66,7 +66,7 @@ def test_released_cost_steps_are_recorded_and_change_no_weight(tiny_data, tmp_pa
         out = tmp_path / str(paid)
         costs = {"double_forward": paid, "anomaly_detection": paid}
         records.append(train(baseline_job(tiny_data, out, "goal", settings, auxiliary,
-                                          execution={"cost_only_steps": costs})))
+                                          execution={"cost_only_settings": costs})))
         weights.append(torch.load(out / "run" / "model.pt", weights_only=True)["state_dict"])
     assert [r["training"]["released_costs"]["double_forward"] for r in records] == [False, True]
     for name, value in weights[0].items():
@@ -171,10 +171,10 @@ def test_compute_batch_is_recorded_and_matches_micro_batches(tiny_data, tmp_path
 
 
 def test_initial_evaluation_is_computed_once_per_initial_weights(tiny_data, tmp_path, monkeypatch):
-    import hnclip.training.epoch_eval as epoch_eval
+    import hnclip.training.loop as loop
     calls = []
-    real = epoch_eval.evaluate_all
-    monkeypatch.setattr(epoch_eval, "evaluate_all", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = loop.evaluate_all
+    monkeypatch.setattr(loop, "evaluate_all", lambda *a, **k: calls.append(1) or real(*a, **k))
     spec = copy.deepcopy(SPEC)
     spec["recipe"]["epochs"] = 1
 

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import copy
 import functools
+import importlib
 import importlib.util
+import json
 import re
 import shlex
 import shutil
@@ -698,6 +701,26 @@ def _function_source(path: Path, name: str) -> str:
     return ast.get_source_segment(source, node)
 
 
+def recorded_code_names() -> dict[str, str]:
+    """The code names the records of the traced cell hold, computed as their writers compute them: a run's
+    train.json (`loop.run_code`: the loop, the loss function of its batch mode, the recall function), the
+    evaluation record (`commands.evaluate`: the selection rule) and the table step of `hnclip lineage`."""
+    from types import SimpleNamespace
+
+    import hnclip.commands.evaluate as evaluate
+    from hnclip.provenance.lineage import TABLE_WRITER
+    from hnclip.training import loop
+    from hnclip.training.methods import build_method
+    from hnclip.training.outputs import code_name
+    method = build_method("full", {"framework": "full", "gamma": 0.25, "lambda_tok": 1.0}, {}, None,
+                          SimpleNamespace(batch=None), {}, None)
+    run = SimpleNamespace(mode="micro", method=method)
+    return {**{f"train.json {role}": name for role, name in loop.run_code(run).items()},
+            "train.json loss_terms (compute mode)": code_name(loop.loss_function("compute", method)),
+            "evaluation selection": evaluate.code_name(evaluate.select_epochs),
+            "lineage written_by": TABLE_WRITER}
+
+
 def test_the_cell_trace_lists_existing_files_each_reached_from_an_earlier_one():
     stated, items = traced_files()
     assert [number for number, _, _ in items] == list(range(1, stated + 1))
@@ -705,38 +728,72 @@ def test_the_cell_trace_lists_existing_files_each_reached_from_an_earlier_one():
     assert len(set(files)) == len(files)
     assert [path for path in files if not (ROOT / path).is_file()] == []
     # from the registry down, to the loss and to the table cell
-    assert files[:3] == ["params.yaml", "src/hnclip/config/registry.py", "workflow/rules/train.smk"]
-    assert {"src/hnclip/commands/train.py", "src/hnclip/losses/contrastive.py", "src/hnclip/evaluation/retrieval.py",
-            "src/hnclip/commands/evaluate.py", "src/hnclip/report/build.py"} <= set(files)
-    assert " train --run-id {{wildcards.run}}" in (ROOT / files[2]).read_text(encoding="utf-8")
-    # Within one job (a command module and what it calls), every module is imported by one listed before it.
+    assert files[:2] == ["params.yaml", "src/hnclip/config/registry.py"]
+    assert {"src/hnclip/training/loop.py", "src/hnclip/losses/objective.py", "src/hnclip/evaluation/retrieval.py",
+            "src/hnclip/evaluation/selection.py", "src/hnclip/report/build.py",
+            "src/hnclip/report/tables.py"} <= set(files)
+    # Each module after the registry is reached from an earlier one: imported (called) by a module listed
+    # before it, or named, in its item, by a record (a name the code writes there, from a function object).
     from test_layers import imported_modules
-    job: list[str] = []
-    for path in files:
+    names = recorded_code_names()
+    listed: list[str] = []
+    for path, (_, _, text) in zip(files, items):
         module = _python_module(path)
-        if module is None or not (job or module.startswith("hnclip.commands.")):
-            continue  # the registry and the rule, before the first job's command
-        if module.startswith("hnclip.commands."):
-            job = [module]
+        if module is None or module == "hnclip.config.registry":
             continue
-        imported = {name for earlier in job
-                    for _, name in imported_modules(ROOT / "src" / Path(*earlier.split("."))
-                                                    .with_suffix(".py"))}
-        assert module in imported or any(name.startswith(module + ".") for name in imported), (module, job)
-        job.append(module)
+        imported = {name for earlier in listed
+                    for _, name in imported_modules(ROOT / "src" / Path(*earlier.split(".")).with_suffix(".py"))}
+        called = module in imported or any(name.startswith(module + ".") for name in imported)
+        named = [name for name in names.values() if name.startswith(module + ".") and f"`{name}`" in text]
+        assert called or named, (path, text)
+        listed.append(module)
+    for name in names.values():  # every recorded name is code that exists
+        module, _, attribute = name.rpartition(".")
+        assert callable(getattr(importlib.import_module(module), attribute)), name
+
+
+def test_the_cell_trace_says_what_the_skipped_glue_does_and_the_glue_does_only_that():
+    section = _section(PIPELINE.read_text(encoding="utf-8"), "Tracing one cell")
+    skipped = section.split("Skipped, because")[1].split("`hnclip lineage` walks")[0]
+    for glue in ("train.smk", "commands/train.py", "evaluate.smk", "commands/evaluate.py", "report.smk",
+                 "commands/report.py", "training/methods.py", "training/step.py"):
+        assert glue in skipped, glue
+    # the rule runs the train command, which calls the loop train.json names
+    assert " train --run-id {{wildcards.run}}" in (ROOT / "workflow/rules/train.smk").read_text(encoding="utf-8")
+    from test_layers import imported_modules
+    commands = ROOT / "src/hnclip/commands"
+    assert "hnclip.training.loop.train" in {name for _, name in imported_modules(commands / "train.py")}
+    assert recorded_code_names()["train.json training"] == "hnclip.training.loop.train"
+    # the table command calls the builder lineage names
+    from hnclip.provenance.lineage import TABLE_WRITER
+    assert TABLE_WRITER == "hnclip.report.build.build_table"
+    assert "build.build_table(reg, name)" in _function_source(commands / "report.py", "build_table")
+    # the evaluate command selects with the rule its record names
+    assert "select_epochs(" in _function_source(commands / "evaluate.py", "_select")
 
 
 def test_the_cell_trace_names_the_file_that_adds_gamma_g_and_the_one_that_reads_the_cell():
     _, items = traced_files()
     loss = [path for _, path, text in items if "γG is added" in text]
-    assert loss == ["src/hnclip/losses/contrastive.py"]
+    assert loss == ["src/hnclip/losses/objective.py"]
     hn_logits = _function_source(ROOT / loss[0], "hn_logits")
     margin_matrix = _function_source(ROOT / loss[0], "margin_matrix")
     assert "margin_matrix(" in hn_logits and "logit_scale * (sims + margins" in hn_logits
     assert "gamma * (feats @ feats.t())" in margin_matrix and "fill_diagonal_(0.0)" in margin_matrix
-    # the training loop holds no loss code: it reaches the loss through the step and the method
-    loop = (ROOT / "src/hnclip/training/loop.py").read_text(encoding="utf-8")
-    assert "hn_logits" not in loop and "margin_matrix" not in loop
+    global_logits = _function_source(ROOT / loss[0], "global_logits")
+    assert "hn_logits(" in global_logits
+    # the file the run's record names as the code of its loss terms is that file, in both batch modes
+    names = recorded_code_names()
+    for role in ("train.json loss_terms", "train.json loss_terms (compute mode)"):
+        assert _python_module(loss[0]) == names[role].rpartition(".")[0], role
+    # the training loop holds no loss code, and calls the retrieval evaluation itself
+    loop = ROOT / "src/hnclip/training/loop.py"
+    loop_source = loop.read_text(encoding="utf-8")
+    assert "hn_logits" not in loop_source and "margin_matrix" not in loop_source
+    assert "evaluate_model(" in _function_source(loop, "evaluate_all")
+    assert "evaluate_all(" in _function_source(loop, "end_of_epoch")
+    assert "end_of_epoch(" in _function_source(loop, "_epochs")
+    assert not (ROOT / "src/hnclip/training/epoch_eval.py").exists()
     cell = [path for _, path, text in items if 'best.metrics.t2i["R@1"]' in text]
     assert cell == ["src/hnclip/report/tables.py"]
     collect = _function_source(ROOT / cell[0], "collect")
@@ -744,13 +801,54 @@ def test_the_cell_trace_names_the_file_that_adds_gamma_g_and_the_one_that_reads_
     assert "tables.collect(" in _function_source(ROOT / "src/hnclip/report/build.py", "build_table")
 
 
-@pytest.mark.xfail(strict=True, reason="the trace needs 16 files with today's layering: the training loop reaches "
-                                       "L_HN through step, methods and objective, and the number crosses three jobs "
-                                       "(train, evaluate, table), each a command plus its library; the hops that "
-                                       "could be cut are the lead's call (see docs/pipeline.md#tracing-one-cell)")
 def test_the_cell_trace_needs_at_most_eight_files():
     stated, items = traced_files()
     assert stated == len(items) <= TRACE_LIMIT
+
+
+def test_a_method_names_the_loss_function_its_terms_call(monkeypatch):
+    """`Method.loss_function` is the function object `terms` calls, never a name typed beside it."""
+    from types import SimpleNamespace
+
+    from hnclip.training import methods
+    calls = []
+
+    def spy(*args, **kwargs):
+        calls.append(args)
+        return {"total": 0.0}
+    monkeypatch.setattr(methods, "loss_terms", spy)
+    method = methods.build_method("full", {"framework": "full", "gamma": 0.25, "lambda_tok": 1.0}, {}, None,
+                                  SimpleNamespace(batch=None), {}, None)
+    assert method.loss_function is spy
+    method.terms("model", ("images", "tokens"), methods.Position(0, 3, 6))
+    assert calls == [("model", "images", "tokens", {"framework": "full", "gamma": 0.25, "lambda_tok": 1.0}, None,
+                      contextlib.nullcontext, (0, 3))]
+
+
+def test_a_fresh_train_record_names_the_loss_function_the_method_used(tiny_data, tmp_path, monkeypatch):
+    from helpers.training import EVALUATION, EXECUTION, SPEC
+
+    import hnclip.losses.objective as objective
+    from hnclip.evaluation import retrieval
+    from hnclip.training import loop
+    built = []
+    real_build = loop.build_method
+    monkeypatch.setattr(loop, "build_method", lambda *a, **k: built.append(real_build(*a, **k)) or built[-1])
+    spec = {**SPEC, "recipe": {**SPEC["recipe"], "epochs": 1}}
+    job = loop.TrainJob(run_id="trace-run", spec=spec, spec_hash="t" * 64, init_kind="scratch", init_path=None,
+                        model_config="hnclip-tiny", train_manifest=tiny_data["train"],
+                        eval_manifests={"docci": tiny_data["test"]}, out_dir=tmp_path / "run",
+                        checkpoint_dir=tmp_path / "ckpt", execution=EXECUTION, evaluation=EVALUATION)
+    loop.train(job)
+    code = json.loads((tmp_path / "run" / "train.json").read_text())["code"]
+
+    def resolve(name: str):
+        module, _, attribute = name.rpartition(".")
+        return getattr(importlib.import_module(module), attribute)
+    method, = built
+    assert resolve(code["loss_terms"]) is method.loss_function is objective.loss_terms
+    assert resolve(code["recall"]) is retrieval.evaluate_model
+    assert resolve(code["training"]) is loop.train
 
 
 # ---- README's numbers are those of the latest benchmark records -----------------------------------------

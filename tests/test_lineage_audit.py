@@ -88,6 +88,57 @@ def test_lineage_of_a_table3a_cell_reaches_raw_data_initial_weights_and_git(micr
     assert "CHANGED" not in text and "MISSING" not in text
 
 
+def test_lineage_prints_the_code_each_record_names(micro_project, tmp_path):
+    """The run's record names the loop and the function that computed its loss terms (L_HN's file), the
+    evaluation record its selection rule and recall function, and the table step its builder; each name
+    is code that exists. A record older than these names says so."""
+    import importlib
+
+    import hnclip.commands.report as report_command
+    import hnclip.losses.objective as objective
+    from hnclip.evaluation import retrieval, selection
+    from hnclip.report import build
+    from hnclip.training import loop
+
+    def resolve(name: str):
+        module, _, attribute = name.rpartition(".")
+        return getattr(importlib.import_module(module), attribute)
+
+    chain = lineage(micro_project / TABLE_CSV, CELL, root=micro_project)
+    run, = _nodes(chain, "run")
+    # the function of the run's batch mode (the micro project forwards two micro-batches at once: compute)
+    mode = read_json(micro_project / run["path"])["training"]["batch_mode"]
+    loss = {"micro": objective.loss_terms, "compute": objective.group_terms}[mode]
+    assert {role: resolve(name) for role, name in run["facts"]["code"].items()} == {
+        "training": loop.train, "loss_terms": loss, "recall": retrieval.evaluate_model}
+    evaluation, = _nodes(chain, "evaluation")
+    assert {role: resolve(name) for role, name in evaluation["facts"]["code"].items()} == {
+        "selection": selection.select_epochs, "recall": retrieval.evaluate_model}
+    table, = _nodes(chain, "table")
+    writer = table["facts"]["written_by"].split()[0]
+    assert resolve(writer) is build.build_table
+    assert "build.build_table(" in open(report_command.__file__).read()  # what `hnclip table` calls
+    text = format_lineage(chain)
+    for line in (f"code loss_terms: hnclip.losses.objective.{loss.__name__}",
+                 "code training: hnclip.training.loop.train",
+                 "code selection: hnclip.evaluation.selection.select_epochs",
+                 "code recall: hnclip.evaluation.retrieval.evaluate_model",
+                 "written_by: hnclip.report.build.build_table (`hnclip table table3a`)"):
+        assert line in text, line
+
+    # records written before the code was named
+    proj = copy_project(micro_project, tmp_path / "proj")
+    run_id = _docci_run(proj)
+    for path in (proj / "results/runs" / run_id / "train.json", proj / "results/evals" / run_id / "docci.json"):
+        record = read_json(path)
+        (record.get("provenance") or record).pop("code")
+        path.write_text(json.dumps(record))
+    old = lineage(proj / TABLE_CSV, CELL, root=proj)
+    assert {node["step"]: node["facts"]["code"] for node in iter_nodes(old)
+            if node["step"] in ("run", "evaluation")} == {"run": "not recorded", "evaluation": "not recorded"}
+    assert "code: not recorded" in format_lineage(old)
+
+
 @pytest.mark.parametrize("table, cell, spec_check", [
     ("table1", "hn_clip/docci/t2i/R@1", lambda spec: spec["objective"]["margin"] == "live"),
     ("table3c", "frozen/docci/i2t/R@1", lambda spec: spec["objective"]["margin"] == "frozen"),

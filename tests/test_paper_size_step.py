@@ -59,7 +59,7 @@ def test_every_framework_steps_at_real_width_with_a_gradient_for_every_trainable
     assert steps["finelip"]["params_without_grad"] == ["logit_scale"]  # by design: L_fine has no temperature
     assert steps["frozen_g"]["frozen_text_parameters"] > 0
     assert set(steps["hn_clip"]["losses"]) == {"infonce", "hn", "tok", "total"}
-    assert steps["goal"]["cost_only_steps"] == {"double_forward": True, "anomaly_detection": True}
+    assert steps["goal"]["cost_only_settings"] == {"double_forward": True, "anomaly_detection": True}
     assert {"org", "seg", "patch", "text"} <= steps["goal"]["losses"].keys()
     assert {"g", "sc", "rs", "lsc"} <= steps["structxlip"]["losses"].keys()
 

@@ -28,7 +28,7 @@ from hnclip.provenance.audit_claims import Auditor
 from hnclip.provenance.audit_runs import check_evaluation
 from hnclip.provenance.lineage import iter_nodes, lineage
 from hnclip.report import build, tables
-from hnclip.training import epoch_eval, loop
+from hnclip.training import loop
 from hnclip.training.jobs import finetune_job
 
 # Per evaluation call (the initial weights, then epochs 1..3): (Recall@1, Recall@5) in both directions.
@@ -68,7 +68,7 @@ def _job(tiny_data, out, metric="mean_r1") -> loop.TrainJob:
 # ---- training: the selected epoch's weights ------------------------------------------------------
 @pytest.mark.parametrize("metric", ["mean_r1", "rsum"])
 def test_selected_checkpoint_holds_the_best_epoch_not_the_last(tiny_data, tmp_path, monkeypatch, metric):
-    monkeypatch.setattr(epoch_eval, "evaluate_model", ScriptedEvaluation())
+    monkeypatch.setattr(loop, "evaluate_model", ScriptedEvaluation())
     job = _job(tiny_data, tmp_path, metric)
     record = train_and_read(job)
     epoch = SELECTED[metric]
@@ -82,7 +82,7 @@ def test_selected_checkpoint_holds_the_best_epoch_not_the_last(tiny_data, tmp_pa
 
 
 def test_keep_resume_checkpoints_keeps_the_resume_area(tiny_data, tmp_path, monkeypatch):
-    monkeypatch.setattr(epoch_eval, "evaluate_model", ScriptedEvaluation())
+    monkeypatch.setattr(loop, "evaluate_model", ScriptedEvaluation())
     job = dataclasses.replace(_job(tiny_data, tmp_path),
                               execution={**EXECUTION, "keep_resume_checkpoints": True})
     record = train_and_read(job)
@@ -92,7 +92,7 @@ def test_keep_resume_checkpoints_keeps_the_resume_area(tiny_data, tmp_path, monk
 
 
 def test_retention_keeps_the_epoch_weights_asked_for(tiny_data, tmp_path, monkeypatch):
-    monkeypatch.setattr(epoch_eval, "evaluate_model", ScriptedEvaluation())
+    monkeypatch.setattr(loop, "evaluate_model", ScriptedEvaluation())
     job = dataclasses.replace(_job(tiny_data, tmp_path), execution={**EXECUTION, "keep_epoch_weights": True})
     record = train_and_read(job)
     assert sorted(p.name for p in job.checkpoint_dir.iterdir()) == ["epoch_01.pt", "epoch_02.pt", "epoch_03.pt"]
@@ -106,10 +106,10 @@ def train_and_read(job: loop.TrainJob) -> dict:
 
 
 def test_a_resume_keeps_the_epoch_selected_before_the_interruption(tiny_data, tmp_path, monkeypatch):
-    monkeypatch.setattr(epoch_eval, "evaluate_model", ScriptedEvaluation())
+    monkeypatch.setattr(loop, "evaluate_model", ScriptedEvaluation())
     reference = train_and_read(_job(tiny_data, tmp_path / "uninterrupted"))
 
-    monkeypatch.setattr(epoch_eval, "evaluate_model", ScriptedEvaluation())  # one script across both attempts
+    monkeypatch.setattr(loop, "evaluate_model", ScriptedEvaluation())  # one script across both attempts
     real_backward, steps = loop.group_backward, {"n": 0}
 
     def interrupted(*args, **kwargs):
@@ -165,7 +165,7 @@ def a7_project(params, tmp_path, monkeypatch) -> dict:
     assert job.selection_benchmark == "docci"
     job = dataclasses.replace(job, init_kind="scratch", init_path=None, eval_cache_dir=None,
                               execution={**job.execution, "grad_probe_every": 0})
-    monkeypatch.setattr(epoch_eval, "evaluate_model", ScriptedEvaluation())
+    monkeypatch.setattr(loop, "evaluate_model", ScriptedEvaluation())
     loop.train(job)
     for other in reg.cells("tableA7"):
         if other.run_id and other.run_id != cell.run_id:

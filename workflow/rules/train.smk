@@ -19,7 +19,7 @@ rule train:
         grad_probe_every=lambda w: REG.probe_every(w.run),
         grad_probe_precision=EXECUTION.get("grad_probe_precision", "fp32"),
         grad_probe_bf16_every=lambda w: EXECUTION.get("grad_probe_bf16_every", 1) if REG.probe_every(w.run) else None,
-        # the released code's cost-only steps (GOAL's double forward): what its timing record measures
+        # the released code's cost-only operations (GOAL's double forward): what its timing record measures
         released_costs=lambda w: canonical_json(REG.released_costs(w.run)),
     log:
         "logs/train/{run}.log",

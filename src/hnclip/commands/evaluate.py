@@ -10,6 +10,13 @@ as released) and transfer benchmarks a run was not evaluated on while training. 
 `best` is the checkpoint selected on the run's own training benchmark (model_selected.pt: the
 model the method would ship, never chosen by its score on the transfer benchmark), its `last` the
 final weights; each entry names the checkpoint input it was encoded from.
+
+The record names the code of its numbers (`code` in its provenance, by importable name, from the function
+objects used; `hnclip lineage` prints it): `selection`, the rule that picked the epochs
+(`hnclip.evaluation.selection.select_epochs`, applied here or, for a transfer cell's checkpoint, by the
+training job), and `recall`, the function that computed the Recall@K: as the training record names it
+for numbers read from it ("not recorded" where that record is older than these names), or the one this
+job encoded with.
 """
 from __future__ import annotations
 
@@ -21,6 +28,19 @@ from hnclip.config import paths
 from hnclip.errors import StaleArtifactError
 from hnclip.evaluation.selection import select_epochs
 from hnclip.io import read_json, write_json
+
+NOT_RECORDED = "not recorded"
+
+
+def code_name(function) -> str:
+    """A function's importable name, module.qualname (as the training record names its code)."""
+    return f"{function.__module__}.{getattr(function, '__qualname__', type(function).__qualname__)}"
+
+
+def _encoding_recall() -> str:
+    """The name of the function `_encode_and_score` computes Recall@K with."""
+    from hnclip.evaluation.retrieval import evaluate_model
+    return code_name(evaluate_model)
 
 
 def _encode_and_score(reg, backbone, manifest) -> dict:
@@ -72,19 +92,23 @@ def evaluate_run(reg, run_id: str, benchmark: str):
                     "consistent_with_training": None}
         inputs = {"init_weights": weights, "test_manifest": manifest}
         spec_hash = None
+        code = {"recall": _encoding_recall()}  # the released weights: no epoch to select
     else:
         record = _checked_train_record(reg, run_id)
         inputs = {"model": paths.run_model(run_id), "test_manifest": manifest, "train_record": paths.run_record(run_id)}
+        code = {"selection": code_name(select_epochs)}
         if any(benchmark in h.get("eval", {}) for h in record["history"]):
             selected = _select(reg, record, benchmark)
+            code["recall"] = (record.get("code") or {}).get("recall") or NOT_RECORDED  # computed while training
         else:  # a transfer benchmark: not evaluated every epoch, so the weights are encoded
             inputs["model_selected"] = _checked_selected_model(record, run_id)
             selected = _transfer(reg, record, manifest)
+            code["recall"] = _encoding_recall()
         spec_hash = record.get("spec_hash")
     result = {"run_id": run_id, "benchmark": benchmark, **selected}
     result["provenance"] = provenance.record("evaluate", inputs=inputs, spec_hash=spec_hash,
                                              params={"evaluation": reg.params["evaluation"]},
-                                             wall_time_s=time.time() - started)
+                                             wall_time_s=time.time() - started, extra={"code": code})
     out = paths.evaluation(run_id, benchmark)
     write_json(out, result)
     return out

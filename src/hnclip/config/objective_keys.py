@@ -130,7 +130,7 @@ def margin_control(objective: dict) -> str:
 
 def margin_settings(objective: dict) -> dict:
     """Every margin setting's value in an objective, by its key's name: the keyword arguments the losses
-    hand to hnclip.losses.contrastive.margin_matrix (a new margin setting is a key here and a parameter
+    hand to hnclip.losses.objective.margin_matrix (a new margin setting is a key here and a parameter
     there, and nothing in between)."""
     return {key.name: value(objective, key.name) for key in OBJECTIVE_KEYS if key.margin_setting}
 

@@ -374,7 +374,7 @@ class Registry:
                 "runs": runs}
 
     def released_costs(self, run_id: str) -> dict[str, bool]:
-        """The cost-only steps of a baseline's released code (GOAL: a second forward of both towers,
+        """The cost-only operations of a baseline's released code (GOAL: a second forward of both towers,
         autograd anomaly detection) that this run executes. They change no weight, only time, so they
         are not part of the run's identity: with `execution.released_costs: timed` (the default) only
         the runs the timing table (A3) measures pay them, as the paper's official runs did; `all`: every

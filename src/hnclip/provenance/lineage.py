@@ -10,6 +10,13 @@
 Every step is a node {"step", "path", "sha256", "verified", "git", "params", "facts", "inputs"}:
 `sha256` is what the consuming record recorded, `verified` whether the file still has it (True,
 False or "missing"). The chain only reads records; `hnclip.provenance.audit` is the whole-project check.
+
+The code of a number: the run and evaluation nodes' `code` fact is what their records name (the run: the
+training loop, the function that computed its loss terms, the recall function; the evaluation: the
+selection rule and the recall function), importable names written from the function objects used;
+"not recorded" for a record older than these names. The table node's `written_by` is not in its record:
+it is the builder of every retrieval table (`TABLE_WRITER`, the function `hnclip table` calls), which a
+test holds to the code.
 """
 from __future__ import annotations
 
@@ -30,6 +37,10 @@ from hnclip.io import read_json, read_jsonl
 
 AVG_COLUMN = column_key(*AVG)
 LISTED_SOURCES = 10  # above this many distinct source_sha256 values, give their count and digest
+NOT_RECORDED = "not recorded"
+# what writes a retrieval table and its provenance record (`hnclip table <name>`; tests/test_lineage_audit.py
+# holds it to hnclip.commands.report, which the provenance layer may not import)
+TABLE_WRITER = "hnclip.report.build.build_table"
 
 
 # ---- small helpers shared with hnclip.provenance.audit ------------------------------------------------------
@@ -169,6 +180,7 @@ def lineage(table_file: str | Path, cell: str, root: str | Path = Path(".")) -> 
     sources = [_value_node(root, table_record, c) for c in _seed_cells(table_record, found["row"], found["column"])]
     table = _node("table", root, _relative(root, record_path), record=table_record, params=table_record.get("params"),
                   facts={"table": table_record.get("table"), "selection": table_record.get("selection"),
+                         "written_by": f"{TABLE_WRITER} (`hnclip table {table_record.get('table')}`)",
                          "created": table_record.get("created"), "outputs": _table_outputs(root, table_record)},
                   inputs=sources)
     return _node("cell", root, facts=_cell_facts(table_record, found), inputs=[table])
@@ -209,7 +221,7 @@ def _evaluation_node(root: Path, path: str, recorded: str | None, selection: str
     facts = {"run_id": evaluation.get("run_id"), "benchmark": evaluation.get("benchmark"), "selection": selection,
              "selected_epoch": chosen.get("epoch"), "selected_weights_sha256": chosen.get("weights_sha256"),
              "consistent_with_training": evaluation.get("consistent_with_training"),
-             "created": prov.get("created")}
+             "code": prov.get("code") or NOT_RECORDED, "created": prov.get("created")}
     weights = _evaluated_weights_node(root, inputs, chosen)
     test = _manifest_node(root, "test manifest", inputs["test_manifest"])
     return _node("evaluation", root, path, recorded, record=prov, params=prov.get("params"), facts=facts,
@@ -254,7 +266,8 @@ def _run_node(root: Path, recorded: dict, train_record: dict, follow_init: bool,
         elif name.startswith("auxiliary:"):  # a baseline's segments or edge maps, and what made them
             inputs.append(_auxiliary_node(root, name.split(":", 1)[1], entry))
     facts = {"run_id": train_record.get("run_id"), "spec_hash": train_record.get("spec_hash"),
-             "device": train_record.get("device"), "torch": train_record.get("libraries", {}).get("torch"),
+             "code": train_record.get("code") or NOT_RECORDED, "device": train_record.get("device"),
+             "torch": train_record.get("libraries", {}).get("torch"),
              "optimizer_steps": train_record.get("optimizer_steps"),
              "resumed_from_step": train_record.get("resumed_from_step"), "created": train_record.get("created")}
     return _node(step, root, recorded["path"], recorded.get("sha256"), record=train_record,
@@ -411,6 +424,8 @@ def _node_lines(node: dict, indent: str) -> list[str]:
             lines += [f"{detail}downloaded {name}: {_marker_summary(marker)}" for name, marker in value.items()]
         elif key == "download_marker" and value:
             lines.append(f"{detail}downloaded: {_marker_summary(value)}")
+        elif key == "code" and isinstance(value, dict):  # one line per name: they are read in full
+            lines += [f"{detail}code {role}: {name}" for role, name in value.items()]
         elif value is not None:
             lines.append(f"{detail}{key}: {_short(value)}")
     if node.get("params") is not None:

@@ -48,7 +48,7 @@ class TrainingCurves:
         self.writer.add_scalar("train/peak_memory_mb", peak_memory_mb(device), step)
 
     def epoch(self, entry: dict) -> None:
-        """R@1 of each benchmark evaluated after an epoch (`epoch_eval.end_of_epoch`'s entry)."""
+        """R@1 of each benchmark evaluated after an epoch (`loop.end_of_epoch`'s entry)."""
         if self.writer is None:
             return
         for benchmark, metrics in entry["eval"].items():

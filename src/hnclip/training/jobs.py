@@ -19,7 +19,7 @@ def finetune_job(reg: Registry, run_id: str):
     data_root = reg.profile["data_root"]
     auxiliary = reg.auxiliary_inputs(run_id)
     execution = {**reg.profile["execution"], "grad_probe_every": reg.probe_every(run_id),
-                 "cost_only_steps": reg.released_costs(run_id),
+                 "cost_only_settings": reg.released_costs(run_id),
                  "compute_batch": reg.profile["recipe"].get("compute_batch", reg.profile["recipe"]["micro_batch"])}
     return TrainJob(
         run_id=run_id, spec=run.spec, spec_hash=run.spec_hash,

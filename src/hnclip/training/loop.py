@@ -1,6 +1,12 @@
 """The fine-tuning loop: accumulation groups of micro-batch contrastive steps, AdamW with the run's
 schedule, evaluation after every epoch, resumable checkpoints and a step log.
 
+Evaluation inside the training job is here too: the initial weights once (shared between runs that start
+from them, `initial_evaluation`), and the exported weights after every epoch (`end_of_epoch`), whose
+Recall@K, computed by `hnclip.evaluation.retrieval.evaluate_model`, the tables report. train.json names
+the code of its numbers (`code`: this loop, the function that computed the loss terms in the run's batch
+mode, the recall function), from the function objects the run used.
+
 The contrastive softmax runs over one micro-batch (as in the paper: micro-batch 16, 8x
 accumulation = effective batch 128). Data order is a pure function of (seed, epoch) (`batching`),
 and the resume checkpoint holds the trained weights, optimizer, position and RNG state, so a killed
@@ -8,8 +14,8 @@ run that is restarted reaches the same weights as an uninterrupted one.
 
 The loop's parts, one job each (as open_clip_train keeps them apart): `model_setup` (initial weights,
 framework, precision), `schedule` (optimizer, learning rate), `batching`, `step` (one group's gradient
-in the run's batch mode), `memory` (out-of-memory fallbacks), `epoch_eval` (per-epoch evaluation),
-`selection` (the selected epoch's weights), `checkpoint`, `state`, `outputs` (records, retention).
+in the run's batch mode), `memory` (out-of-memory fallbacks), `selection` (the selected epoch's weights),
+`checkpoint`, `state`, `outputs` (records, retention).
 Options: objective.framework full | lora | dora | finelip | goal | structxlip (`methods`),
 recipe.precision, recipe.exact_batch, execution.compute_batch, execution.grad_probe_every (`probe`),
 torchrun (`distributed`).
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import sys
 import time
 from dataclasses import dataclass, field
@@ -28,14 +35,19 @@ from tqdm import tqdm
 
 from hnclip.data.loader import PairDataset, loading_options, subset_indices
 from hnclip.errors import UserError
+from hnclip.evaluation.retrieval import evaluate_model
+from hnclip.hashing import file_sha256, json_sha256, weights_digest
+from hnclip.io import read_json, write_json
 from hnclip.losses.objective import with_run_seed
+from hnclip.models.factory import save_weights
 from hnclip.runtime.device import autocast_context, configure_tf32
 from hnclip.training import memory
 from hnclip.training.batching import accumulation_groups, epoch_micro_batches
-from hnclip.training.checkpoint import load_checkpoint, save_checkpoint
+from hnclip.training.checkpoint import load_checkpoint, save_checkpoint, selected_weights_path
+from hnclip.training.compute_batch import compute_batch_backward
 from hnclip.training.curves import TrainingCurves
 from hnclip.training.distributed import Distributed, distributed_session
-from hnclip.training.epoch_eval import end_of_epoch, initial_evaluation
+from hnclip.training.exact_batch import exact_batch_backward
 from hnclip.training.faults import Faults
 from hnclip.training.feeding import MicroBatchFeed, group_batches
 from hnclip.training.frameworks import TrainedModel
@@ -43,6 +55,7 @@ from hnclip.training.methods import Method, Position, build_method
 from hnclip.training.model_setup import build_model, effective_precision
 from hnclip.training.outputs import (
     clear_resume_area,
+    code_name,
     record_settings,
     run_origin,
     training_summary,
@@ -50,7 +63,7 @@ from hnclip.training.outputs import (
 )
 from hnclip.training.probe import GradientProbe
 from hnclip.training.schedule import build_optimizer, clamp_logit_scale, cosine_lr, set_learning_rates
-from hnclip.training.selection import prune_selected, selected_weights_file
+from hnclip.training.selection import epoch_weights_path, prune_selected, selected_epoch, selected_weights_file
 from hnclip.training.state import LoopState, timed
 from hnclip.training.step import (
     NonFiniteLossError,  # noqa: F401 - part of this module's API
@@ -59,6 +72,7 @@ from hnclip.training.step import (
     group_backward_mode,
     require_finite,
     step_record,
+    summarise_epoch,
 )
 
 
@@ -138,7 +152,7 @@ def prepare_run(job: TrainJob, distributed: Distributed) -> _Run:
     train_set = PairDataset.from_manifest(job.train_manifest, backbone.preprocess, backbone.tokenizer, cache,
                                           **loading)
     # the run's protocol settings plus the released code's cost-only operations it executes (not its identity)
-    settings = {**objective.get("settings", {}), **execution.get("cost_only_steps", {})}
+    settings = {**objective.get("settings", {}), **execution.get("cost_only_settings", {})}
     method = build_method(objective["framework"], objective, settings, trained.module, train_set,
                           job.auxiliary, backbone.tokenizer, frozen_text)
     if method.extra_module is not None:
@@ -240,6 +254,67 @@ def optimizer_step(run: _Run, state: LoopState, plan: memory.MemoryPlan, epoch: 
     return records
 
 
+# ---- evaluation inside the training job ------------------------------------------------------------------
+def evaluate_all(model, eval_sets: dict, job, device) -> dict:
+    """Recall@K of `model` on every test set the run is evaluated on (`evaluate_model`), by benchmark."""
+    image_features: dict = {}  # DCI and Long-DCI share their test images: encoded once per set of weights
+    return {name: evaluate_model(model, data, job.evaluation["recall_ks"], job.evaluation["tie_rule"],
+                                 job.execution["eval_batch_size"], device, image_features=image_features)
+            for name, data in eval_sets.items()}
+
+
+def initial_evaluation(model, eval_sets: dict, job, device) -> dict:
+    """`evaluate_all` of the weights a run starts from. Every run from the same initial weights has
+    the same one, so it is computed once and read back by the others (keyed by the weights' and
+    test manifests' sha256, the evaluation settings and the device type)."""
+    if job.eval_cache_dir is None:
+        return evaluate_all(model, eval_sets, job, device)
+    key = json_sha256({"weights": weights_digest(model), "device": device.type, "evaluation": job.evaluation,
+                       "manifests": {name: file_sha256(path) for name, path in job.eval_manifests.items()}})
+    cached = job.eval_cache_dir / f"{key}.json"
+    if cached.exists():
+        return read_json(cached)
+    result = evaluate_all(model, eval_sets, job, device)
+    write_json(cached, result)
+    return result
+
+
+def end_of_epoch(job, trained, state: LoopState, epoch: int, eval_sets: dict, device, loss_names) -> dict:
+    """Evaluate and fingerprint the exported (for adapters: merged) weights of this epoch."""
+    exported = trained.export()
+    if job.execution.get("keep_epoch_weights"):
+        save_weights(exported, job.model_config, epoch_weights_path(job.checkpoint_dir, epoch + 1))
+    evaluated = job.evaluate_epochs == "every" or epoch + 1 == job.spec["recipe"]["epochs"]
+    entry = {"epoch": epoch + 1, "step": state.step, "train": summarise_epoch(state.epoch_records, loss_names),
+             "eval": evaluate_all(exported, eval_sets, job, device) if evaluated else {},
+             "weights_sha256": weights_digest(exported)}
+    if selected_epoch(job, state.history + [entry]) == entry["epoch"]:
+        # A new best: written before the resume checkpoint that commits this epoch, and the previous
+        # best's file is removed only after that commit (prune_selected), so a kill never loses both.
+        save_weights(exported, job.model_config, selected_weights_path(job.checkpoint_dir, entry["epoch"]))
+    return entry
+
+
+# ---- the run --------------------------------------------------------------------------------------------
+def loss_function(mode: str, method: Method):
+    """The function that computed a run's loss terms in its batch mode: in `micro` mode the method's own
+    (`Method.loss_function`, what its `terms` call); in `compute` mode the group terms `compute_batch_backward`
+    computes with (the step passes none of its own: its default); in `exact` mode `exact_batch_backward`,
+    which computes the group's terms itself."""
+    if mode == "compute":
+        return inspect.signature(compute_batch_backward).parameters["terms"].default
+    if mode == "exact":
+        return exact_batch_backward
+    return method.loss_function
+
+
+def run_code(run: _Run) -> dict:
+    """What train.json's `code` names, from the function objects this run used: the training loop, the
+    function that computed its loss terms, and the one that computed its Recall@K after each epoch."""
+    return {"training": code_name(train), "loss_terms": code_name(loss_function(run.mode, run.method)),
+            "recall": code_name(evaluate_model)}
+
+
 def _train(job: TrainJob, distributed: Distributed) -> dict:
     started = time.time()
     run = prepare_run(job, distributed)
@@ -267,7 +342,7 @@ def _train(job: TrainJob, distributed: Distributed) -> dict:
     if not main:
         return {"run_id": job.run_id, "rank": distributed.rank, "optimizer_steps": state.step, "wall_time_s": wall}
     record = write_outputs(job, run.trained.export(), state, wall, resumed_from, run.device,
-                           training_summary(run, state, plan))
+                           training_summary(run, state, plan), run_code(run))
     clear_resume_area(job)
     return record
 

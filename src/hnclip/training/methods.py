@@ -46,6 +46,9 @@ class Method:
     summary: dict = field(default_factory=dict)           # recorded in train.json (e.g. fallback counts)
     # every named term `terms` can return: the non-finite guard, steps.jsonl and the epoch summaries read these
     loss_names: tuple[str, ...] = ("infonce", "hn", "tok", "total")
+    # the function `terms` computes the named terms with (the function object it calls, never a name typed
+    # by hand): train.json names it as the code of the run's loss terms (None: not recorded)
+    loss_function: Callable[..., dict[str, torch.Tensor]] | None = None
 
     def to_device(self, batch, device: torch.device):
         if isinstance(batch, tuple):
@@ -64,9 +67,11 @@ def build_method(framework: str, objective: dict, settings: dict, model: torch.n
     """The method of a run. `settings` are the framework's resolved protocol settings (run spec),
     `auxiliary` the paths of its auxiliary inputs (GOAL: segments, StructXLIP: edges)."""
     if framework in TRAINED_FRAMEWORKS:
+        compute = loss_terms
+
         def terms(model, batch, position, autocast: Autocast = contextlib.nullcontext):
-            return loss_terms(model, *batch, objective, frozen_text, autocast, (position.epoch, position.micro_batch))
-        return Method(framework, train_set.batch, terms)
+            return compute(model, *batch, objective, frozen_text, autocast, (position.epoch, position.micro_batch))
+        return Method(framework, train_set.batch, terms, loss_function=compute)
     if framework == "finelip":
         return _finelip(objective, settings, model, train_set)
     if framework == "goal":
@@ -136,7 +141,7 @@ def _finelip(objective: dict, settings: dict, model, train_set) -> Method:
         def lr_factor(first_micro_step: int, total_micro_steps: int, grad_accum: int) -> float:
             return finelip_released_lr(first_micro_step, total_micro_steps, grad_accum, warmup_micro_steps)
     return Method("finelip", train_set.batch, terms, extra_module=module, lr_factor=lr_factor,
-                  loss_names=("infonce", "hn", "fine", "total"))
+                  loss_names=("infonce", "hn", "fine", "total"), loss_function=finelip_loss_terms)
 
 
 def _goal(objective: dict, settings: dict, model, train_set, auxiliary: dict[str, Path], tokenizer) -> Method:
@@ -155,7 +160,7 @@ def _goal(objective: dict, settings: dict, model, train_set, auxiliary: dict[str
             return goal_loss_terms(model, batch, objective, goal_settings, autocast)
     return Method("goal", inputs.batch, terms, summary={"images_without_segment": inputs.fallbacks,
                                                           "images": len(inputs.rows)},
-                  loss_names=("infonce", "hn", "org", "seg", "patch", "text", "total"))
+                  loss_names=("infonce", "hn", "org", "seg", "patch", "text", "total"), loss_function=goal_loss_terms)
 
 
 def _structxlip(objective: dict, settings: dict, train_set, auxiliary: dict[str, Path], tokenizer) -> Method:
@@ -172,7 +177,7 @@ def _structxlip(objective: dict, settings: dict, train_set, auxiliary: dict[str,
         if max_log_scale is not None:
             clamp_logit_scale_(model, max_log_scale)
     return Method("structxlip", inputs.batch, terms, after_step=clamp,
-                  loss_names=("infonce", "hn", "g", "sc", "rs", "lsc", "total"))
+                  loss_names=("infonce", "hn", "g", "sc", "rs", "lsc", "total"), loss_function=structxlip_loss_terms)
 
 
 def _grid_size(size) -> int:

@@ -1,6 +1,7 @@
 """What a finished run leaves: model.pt, model_selected.pt, steps.jsonl, grad_probe.jsonl and
-train.json (its provenance record), then its resume area is cleared (retention). Also the settings
-and origin a resume checkpoint must share with the run (`record_settings`, `run_origin`)."""
+train.json (its provenance record, with the code of its numbers: `code`), then its resume area is cleared
+(retention). Also the settings and origin a resume checkpoint must share with the run (`record_settings`,
+`run_origin`)."""
 from __future__ import annotations
 
 import shutil
@@ -25,7 +26,7 @@ def record_settings(job) -> dict:
             "grad_probe_every": probe_every,
             "grad_probe_precision": execution.get("grad_probe_precision", "fp32"),
             "grad_probe_bf16_every": int(execution.get("grad_probe_bf16_every", 1)) if probe_every else None,
-            "cost_only_steps": execution.get("cost_only_steps")}
+            "cost_only_settings": execution.get("cost_only_settings")}
 
 
 def run_origin(job) -> dict:
@@ -36,12 +37,22 @@ def run_origin(job) -> dict:
             "train_manifest": file_sha256(job.train_manifest)}
 
 
+def code_name(function) -> str | None:
+    """How a record names the code that computed it: the function's importable name, module.qualname
+    (`importlib.import_module(module)` then its attributes give the function back); None for none."""
+    if function is None:
+        return None
+    return f"{function.__module__}.{getattr(function, '__qualname__', type(function).__qualname__)}"
+
+
 def backbone_info(job) -> dict:
     return {"kind": job.init_kind, "model_config": job.model_config,
             "path": str(job.init_path) if job.init_path else None}
 
 
-def write_outputs(job, model, state: LoopState, wall: float, resumed_from, device, training: dict) -> dict:
+def write_outputs(job, model, state: LoopState, wall: float, resumed_from, device, training: dict,
+                  code: dict | None = None) -> dict:
+    """Write the run's outputs and train.json; `code`: the code of its numbers (`loop.run_code`)."""
     job.out_dir.mkdir(parents=True, exist_ok=True)
     model_path = job.out_dir / "model.pt"
     save_weights(model, job.model_config, model_path)
@@ -61,7 +72,7 @@ def write_outputs(job, model, state: LoopState, wall: float, resumed_from, devic
         "train", inputs=inputs, spec=job.spec, spec_hash=job.spec_hash, wall_time_s=wall,
         params={"evaluation": job.evaluation, "grad_probe_every": job.execution.get("grad_probe_every", 0)},
         device={"type": str(device), "threads": job.execution["threads"], "processes": training["processes"]},
-        extra={"run_id": job.run_id, "init": backbone_info(job), "initial_eval": state.initial_eval,
+        extra={"run_id": job.run_id, "code": code, "init": backbone_info(job), "initial_eval": state.initial_eval,
                "history": state.history, "training": training,
                "outputs": outputs, "selected_checkpoint": selected,
                "resumed_from_step": resumed_from, "optimizer_steps": state.step,
@@ -82,7 +93,7 @@ def training_summary(run, state: LoopState, plan) -> dict:
             "processes": run.distributed.world_size, "grad_probe": probe_summary(run.probe, state.grad_probe),
             "grad_probe_precision": execution.get("grad_probe_precision", "fp32") if run.probe else None,
             "timing_s": dict(state.timers), "method": run.method.summary,
-            "released_costs": execution.get("cost_only_steps", {}),
+            "released_costs": execution.get("cost_only_settings", {}),
             "param_groups": param_group_summary(run.optimizer)}
 
 
