@@ -704,21 +704,22 @@ def _function_source(path: Path, name: str) -> str:
 def recorded_code_names() -> dict[str, str]:
     """The code names the records of the traced cell hold, computed as their writers compute them: a run's
     train.json (`loop.run_code`: the loop, the loss function of its batch mode, the recall function), the
-    evaluation record (`commands.evaluate`: the selection rule) and the table step of `hnclip lineage`."""
+    evaluation record (`commands.evaluate`: the selection rule) and the table's record (`report.build`: its
+    builder and the function that reads its cells)."""
     from types import SimpleNamespace
 
     import hnclip.commands.evaluate as evaluate
-    from hnclip.provenance.lineage import TABLE_WRITER
+    from hnclip.provenance import code_name
+    from hnclip.report import build, tables
     from hnclip.training import loop
     from hnclip.training.methods import build_method
-    from hnclip.training.outputs import code_name
     method = build_method("full", {"framework": "full", "gamma": 0.25, "lambda_tok": 1.0}, {}, None,
                           SimpleNamespace(batch=None), {}, None)
     run = SimpleNamespace(mode="micro", method=method)
     return {**{f"train.json {role}": name for role, name in loop.run_code(run).items()},
             "train.json loss_terms (compute mode)": code_name(loop.loss_function("compute", method)),
-            "evaluation selection": evaluate.code_name(evaluate.select_epochs),
-            "lineage written_by": TABLE_WRITER}
+            "evaluation selection": code_name(evaluate.select_epochs),
+            "table written_by": code_name(build.build_table), "table cells": code_name(tables.collect)}
 
 
 def test_the_cell_trace_lists_existing_files_each_reached_from_an_earlier_one():
@@ -764,9 +765,8 @@ def test_the_cell_trace_says_what_the_skipped_glue_does_and_the_glue_does_only_t
     commands = ROOT / "src/hnclip/commands"
     assert "hnclip.training.loop.train" in {name for _, name in imported_modules(commands / "train.py")}
     assert recorded_code_names()["train.json training"] == "hnclip.training.loop.train"
-    # the table command calls the builder lineage names
-    from hnclip.provenance.lineage import TABLE_WRITER
-    assert TABLE_WRITER == "hnclip.report.build.build_table"
+    # the table command calls the builder the table's record names
+    assert recorded_code_names()["table written_by"] == "hnclip.report.build.build_table"
     assert "build.build_table(reg, name)" in _function_source(commands / "report.py", "build_table")
     # the evaluate command selects with the rule its record names
     assert "select_epochs(" in _function_source(commands / "evaluate.py", "_select")

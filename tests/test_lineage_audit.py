@@ -97,7 +97,7 @@ def test_lineage_prints_the_code_each_record_names(micro_project, tmp_path):
     import hnclip.commands.report as report_command
     import hnclip.losses.objective as objective
     from hnclip.evaluation import retrieval, selection
-    from hnclip.report import build
+    from hnclip.report import build, tables
     from hnclip.training import loop
 
     def resolve(name: str):
@@ -117,6 +117,8 @@ def test_lineage_prints_the_code_each_record_names(micro_project, tmp_path):
     table, = _nodes(chain, "table")
     writer = table["facts"]["written_by"].split()[0]
     assert resolve(writer) is build.build_table
+    assert {role: resolve(name) for role, name in table["facts"]["code"].items()} == {
+        "table": build.build_table, "cells": tables.collect}
     assert "build.build_table(" in open(report_command.__file__).read()  # what `hnclip table` calls
     text = format_lineage(chain)
     for line in (f"code loss_terms: hnclip.losses.objective.{loss.__name__}",
@@ -129,13 +131,15 @@ def test_lineage_prints_the_code_each_record_names(micro_project, tmp_path):
     # records written before the code was named
     proj = copy_project(micro_project, tmp_path / "proj")
     run_id = _docci_run(proj)
-    for path in (proj / "results/runs" / run_id / "train.json", proj / "results/evals" / run_id / "docci.json"):
+    for path in (proj / "results/runs" / run_id / "train.json", proj / "results/evals" / run_id / "docci.json",
+                 proj / "results/tables/table3a.provenance.json"):
         record = read_json(path)
         (record.get("provenance") or record).pop("code")
         path.write_text(json.dumps(record))
     old = lineage(proj / TABLE_CSV, CELL, root=proj)
     assert {node["step"]: node["facts"]["code"] for node in iter_nodes(old)
-            if node["step"] in ("run", "evaluation")} == {"run": "not recorded", "evaluation": "not recorded"}
+            if node["step"] in ("run", "evaluation", "table")} == {
+        "run": "not recorded", "evaluation": "not recorded", "table": "not recorded"}
     assert "code: not recorded" in format_lineage(old)
 
 

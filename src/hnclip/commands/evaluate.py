@@ -32,15 +32,11 @@ from hnclip.io import read_json, write_json
 NOT_RECORDED = "not recorded"
 
 
-def code_name(function) -> str:
-    """A function's importable name, module.qualname (as the training record names its code)."""
-    return f"{function.__module__}.{getattr(function, '__qualname__', type(function).__qualname__)}"
-
 
 def _encoding_recall() -> str:
     """The name of the function `_encode_and_score` computes Recall@K with."""
     from hnclip.evaluation.retrieval import evaluate_model
-    return code_name(evaluate_model)
+    return provenance.code_name(evaluate_model)
 
 
 def _encode_and_score(reg, backbone, manifest) -> dict:
@@ -96,7 +92,7 @@ def evaluate_run(reg, run_id: str, benchmark: str):
     else:
         record = _checked_train_record(reg, run_id)
         inputs = {"model": paths.run_model(run_id), "test_manifest": manifest, "train_record": paths.run_record(run_id)}
-        code = {"selection": code_name(select_epochs)}
+        code = {"selection": provenance.code_name(select_epochs)}
         if any(benchmark in h.get("eval", {}) for h in record["history"]):
             selected = _select(reg, record, benchmark)
             code["recall"] = (record.get("code") or {}).get("recall") or NOT_RECORDED  # computed while training

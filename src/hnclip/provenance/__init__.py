@@ -7,7 +7,7 @@ from hnclip.hashing import (
            sha256_file,
            weights_digest,
 )
-from hnclip.provenance.records import git_state, input_hashes, library_versions, record
+from hnclip.provenance.records import code_name, git_state, input_hashes, library_versions, record
 
 __all__ = ["canonical_json", "file_sha256", "sha256_bytes", "sha256_file", "weights_digest",
-           "git_state", "input_hashes", "library_versions", "record"]
+           "code_name", "git_state", "input_hashes", "library_versions", "record"]

@@ -14,9 +14,8 @@ False or "missing"). The chain only reads records; `hnclip.provenance.audit` is 
 The code of a number: the run and evaluation nodes' `code` fact is what their records name (the run: the
 training loop, the function that computed its loss terms, the recall function; the evaluation: the
 selection rule and the recall function), importable names written from the function objects used;
-"not recorded" for a record older than these names. The table node's `written_by` is not in its record:
-it is the builder of every retrieval table (`TABLE_WRITER`, the function `hnclip table` calls), which a
-test holds to the code.
+"not recorded" for a record older than these names. The table's record names its builder and the function
+that read its cells the same way (`written_by`, `code`).
 """
 from __future__ import annotations
 
@@ -38,11 +37,6 @@ from hnclip.io import read_json, read_jsonl
 AVG_COLUMN = column_key(*AVG)
 LISTED_SOURCES = 10  # above this many distinct source_sha256 values, give their count and digest
 NOT_RECORDED = "not recorded"
-# what writes a retrieval table and its provenance record (`hnclip table <name>`; tests/test_lineage_audit.py
-# holds it to hnclip.commands.report, which the provenance layer may not import)
-TABLE_WRITER = "hnclip.report.build.build_table"
-
-
 # ---- small helpers shared with hnclip.provenance.audit ------------------------------------------------------
 
 class LineageError(UserError, ValueError):
@@ -180,7 +174,9 @@ def lineage(table_file: str | Path, cell: str, root: str | Path = Path(".")) -> 
     sources = [_value_node(root, table_record, c) for c in _seed_cells(table_record, found["row"], found["column"])]
     table = _node("table", root, _relative(root, record_path), record=table_record, params=table_record.get("params"),
                   facts={"table": table_record.get("table"), "selection": table_record.get("selection"),
-                         "written_by": f"{TABLE_WRITER} (`hnclip table {table_record.get('table')}`)",
+                         "written_by": f"{table_record.get('code', {}).get('table', NOT_RECORDED)} "
+                                       f"(`hnclip table {table_record.get('table')}`)",
+                         "code": table_record.get("code") or NOT_RECORDED,
                          "created": table_record.get("created"), "outputs": _table_outputs(root, table_record)},
                   inputs=sources)
     return _node("cell", root, facts=_cell_facts(table_record, found), inputs=[table])

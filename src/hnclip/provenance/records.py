@@ -13,6 +13,14 @@ from hnclip.hashing import file_sha256
 LIBRARIES = ("torch", "torchvision", "open_clip_torch", "numpy", "pandas", "matplotlib", "snakemake", "dvc")
 
 
+def code_name(function) -> str | None:
+    """How a record names the code that computed it: the function's importable name, module.qualname
+    (`importlib.import_module(module)` then its attributes give the function back); None for none."""
+    if function is None:
+        return None
+    return f"{function.__module__}.{getattr(function, '__qualname__', type(function).__qualname__)}"
+
+
 def git_state(root: str | Path = ".") -> dict:
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout.strip()

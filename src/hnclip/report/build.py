@@ -31,6 +31,7 @@ def build_table(reg: Registry, table: str) -> list[Path]:
         "table", inputs=tables.eval_inputs(reg, table), params={"profile": reg.profile_name, "table": spec},
         wall_time_s=time.time() - started,
         extra={"table": table, "selection": spec["selection"],
+               "code": {"table": provenance.code_name(build_table), "cells": provenance.code_name(tables.collect)},
                "cells": _records(per_seed[["row", "benchmark", "direction", "metric", "seed", "status", "run_id",
                                            "epoch", "eval_file", "value"]]),
                "outputs": {str(p): provenance.file_sha256(p) for p in written}})

@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from hnclip import provenance
 from hnclip.data.loader import PairDataset, loading_options, subset_indices
 from hnclip.errors import UserError
 from hnclip.evaluation.retrieval import evaluate_model
@@ -55,7 +56,6 @@ from hnclip.training.methods import Method, Position, build_method
 from hnclip.training.model_setup import build_model, effective_precision
 from hnclip.training.outputs import (
     clear_resume_area,
-    code_name,
     record_settings,
     run_origin,
     training_summary,
@@ -311,8 +311,9 @@ def loss_function(mode: str, method: Method):
 def run_code(run: _Run) -> dict:
     """What train.json's `code` names, from the function objects this run used: the training loop, the
     function that computed its loss terms, and the one that computed its Recall@K after each epoch."""
-    return {"training": code_name(train), "loss_terms": code_name(loss_function(run.mode, run.method)),
-            "recall": code_name(evaluate_model)}
+    return {"training": provenance.code_name(train),
+            "loss_terms": provenance.code_name(loss_function(run.mode, run.method)),
+            "recall": provenance.code_name(evaluate_model)}
 
 
 def _train(job: TrainJob, distributed: Distributed) -> dict:

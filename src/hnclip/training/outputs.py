@@ -37,13 +37,6 @@ def run_origin(job) -> dict:
             "train_manifest": file_sha256(job.train_manifest)}
 
 
-def code_name(function) -> str | None:
-    """How a record names the code that computed it: the function's importable name, module.qualname
-    (`importlib.import_module(module)` then its attributes give the function back); None for none."""
-    if function is None:
-        return None
-    return f"{function.__module__}.{getattr(function, '__qualname__', type(function).__qualname__)}"
-
 
 def backbone_info(job) -> dict:
     return {"kind": job.init_kind, "model_config": job.model_config,
