@@ -165,7 +165,9 @@ def test_run_overheads_records_evaluation_probe_and_checkpoint_costs(tmp_path):
     assert set(record["eval_s"]) == {"docci_test", "long_dci_test"}
     for split in record["eval_s"].values():
         assert set(split) == {"8", "4"} and all(t["images"] > 0 and t["captions"] > 0 for t in split.values())
-    assert record["probe_s"]["with_bf16"] > record["probe_s"]["without_bf16"] > 0  # the bf16 pass costs extra
+    # both probe variants timed (which costs more is the benchmark's finding, not a test's: one repeat on shared
+    # cores can order them either way)
+    assert set(record["probe_s"]) == {"with_bf16", "without_bf16"} and min(record["probe_s"].values()) > 0
     assert record["model_config"] == "hnclip-tiny" and record["resume_checkpoint_mb"] > 0
     assert record["gemm_gflops_1thread"] > 0 and record["commit"]
 

@@ -8,7 +8,6 @@ import pytest
 
 from hnclip.claims import specificity as S
 from hnclip.claims.calibration import QueryPool, printed
-from hnclip.claims.calibration import test_sizes as paper_test_sizes
 from hnclip.claims.definitions import (
     NULL_SUPPORT_MAX,
     SIZE_MIN,
@@ -18,6 +17,7 @@ from hnclip.claims.definitions import (
     rule_specificity,
 )
 from hnclip.claims.tie import paper_model, resolved, with_tie
+from hnclip.claims.tie import test_sizes as paper_test_sizes
 from hnclip.claims.verdicts import is_borderline, with_specificity
 from hnclip.evaluation.bootstrap import Bootstrap, BootstrapSettings
 from hnclip.io import read_json, write_json

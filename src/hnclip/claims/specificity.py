@@ -53,13 +53,12 @@ from hnclip.claims.calibration import (
     batchable,
     printed,
     support_rates,
-    test_sizes,
     true_recall,
 )
 from hnclip.claims.definitions import SPECIFICITY_FILE, claim_definitions, row_of, rule_hash
 from hnclip.claims.evidence import paper_cells
 from hnclip.claims.preconditions import paper_conditions
-from hnclip.claims.tie import CORRELATION, Z_TIE, TieModel, paper_model, resolved
+from hnclip.claims.tie import CORRELATION, Z_TIE, TieModel, paper_model, resolved, test_sizes
 from hnclip.claims.verdicts import judge_claim
 from hnclip.evaluation.bootstrap import Bootstrap, BootstrapSettings
 from hnclip.io import read_json, write_json
