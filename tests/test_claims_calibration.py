@@ -13,7 +13,7 @@ import yaml
 
 from hnclip.claims import calibration as K
 from hnclip.claims.definitions import claim_definitions, rule_specificity
-from hnclip.claims.tie import test_sizes
+from hnclip.claims.tie import paper_test_sizes
 
 SIMS = 200
 REQUIRED = 0.90
@@ -105,8 +105,8 @@ def test_simulated_cells_carry_the_papers_values_and_unpaired_query_noise():
     but two rows do not share an order, so their paired difference varies across replicates as much as
     two independent cells'."""
     rng = np.random.default_rng(2)
-    pool = K.QueryPool(K.Bootstrap(K.BootstrapSettings(resamples=200, seed=0)), rng, test_sizes())
-    assert test_sizes() == {"docci": 5100, "dci": 1999, "long_dci": 7444, "urban1k": 1000}
+    pool = K.QueryPool(K.Bootstrap(K.BootstrapSettings(resamples=200, seed=0)), rng, paper_test_sizes())
+    assert paper_test_sizes() == {"docci": 5100, "dci": 1999, "long_dci": 7444, "urban1k": 1000}
     cells = K.BatchedCells(pool, rng, sims=400)
 
     def draws(row, metric):
@@ -142,7 +142,7 @@ def test_the_seed_term_moves_each_run_and_widens_its_replicates():
     seed together, its replicates as widely (the scorecard's jitter), and two epochs of one run move
     together (one seed per run)."""
     rng = np.random.default_rng(4)
-    pool = K.QueryPool(K.Bootstrap(K.BootstrapSettings(resamples=200, seed=0)), rng, test_sizes())
+    pool = K.QueryPool(K.Bootstrap(K.BootstrapSettings(resamples=200, seed=0)), rng, paper_test_sizes())
     cells = K.BatchedCells(pool, rng, sims=400, seed_sd=1.0)
     best = cells.cell("table1", "hn_clip", ("urban1k", "i2t", "R@1"), "best").reshape(400, -1)
     assert best[:, 0].mean() == pytest.approx(90.30, abs=0.25)

@@ -16,8 +16,7 @@ from hnclip.claims.definitions import (
     rule_hash,
     rule_specificity,
 )
-from hnclip.claims.tie import paper_model, resolved, with_tie
-from hnclip.claims.tie import test_sizes as paper_test_sizes
+from hnclip.claims.tie import paper_model, paper_test_sizes, resolved, with_tie
 from hnclip.claims.verdicts import is_borderline, with_specificity
 from hnclip.evaluation.bootstrap import Bootstrap, BootstrapSettings
 from hnclip.io import read_json, write_json

@@ -903,3 +903,15 @@ def test_readme_quotes_the_latest_benchmark_records(pattern, expected):
     stated = re.findall(pattern, readme)
     assert stated, f"README no longer matches {pattern!r}: state the number so that this test can read it"
     assert set(stated) == {expected}, pattern
+
+
+def test_the_new_objective_key_lists_the_files_its_trial_touched_at_most_six():
+    """docs/pipeline.md's list of files for a new objective key is the list the top-k trial needed: numbered,
+    as many as the text says, at most six, each a file of the project."""
+    section = _section(PIPELINE.read_text(encoding="utf-8"), "Adding a method")
+    part = section.split("**A new objective key**")[1].split("**A new framework")[0]
+    stated = re.search(r"took these (\w+) files:", part).group(1)
+    items = re.findall(r"^(\d+)\. `([^`]+)`", part, flags=re.M)
+    words = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6}
+    assert [int(n) for n, _ in items] == list(range(1, words[stated] + 1)) and len(items) <= 6
+    assert [path for _, path in items if not (ROOT / path).is_file()] == []

@@ -58,7 +58,7 @@ from hnclip.claims.calibration import (
 from hnclip.claims.definitions import SPECIFICITY_FILE, claim_definitions, row_of, rule_hash
 from hnclip.claims.evidence import paper_cells
 from hnclip.claims.preconditions import paper_conditions
-from hnclip.claims.tie import CORRELATION, Z_TIE, TieModel, paper_model, resolved, test_sizes
+from hnclip.claims.tie import CORRELATION, Z_TIE, TieModel, paper_model, paper_test_sizes, resolved
 from hnclip.claims.verdicts import judge_claim
 from hnclip.evaluation.bootstrap import Bootstrap, BootstrapSettings
 from hnclip.io import read_json, write_json
@@ -381,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     claims = claim_definitions()
     measured = measure_rules(claims, SETTINGS["sims"], SETTINGS["resamples"], SETTINGS["seed"], rho)
     model = paper_model(rho)
-    settings = {**SETTINGS, "correlation": rho, "correlation_measured": measured_rho, "test_sizes": test_sizes(),
+    settings = {**SETTINGS, "correlation": rho, "correlation_measured": measured_rho, "test_sizes": paper_test_sizes(),
                 "tie": {"z": Z_TIE, "seed_sd": round(model.seed_sd, 4), "seed_source": model.seed_source}}
     write_json(args.out, {"settings": settings, "claims": measured})
     print(f"wrote {args.out}: {len(measured)} rules, between-run correlation {rho}")

@@ -170,7 +170,7 @@ def table_seed_sd(csv: Path) -> tuple[float, str] | None:
     return math.sqrt(seed_variance(pairs)), f"this profile's Table A8 ({len(pairs)} R@1 pairs of seeds 42/43, {csv})"
 
 
-def test_sizes() -> dict[str, int]:
+def paper_test_sizes() -> dict[str, int]:
     """Each benchmark's test-set size (Table A1's #test)."""
     a1 = paper_cells("tableA1")
     return {b: int(a1.value(b, Column(b, "none", "n_test", ()))) for b in ("docci", "dci", "long_dci", "urban1k")}
@@ -180,7 +180,7 @@ def test_sizes() -> dict[str, int]:
 def paper_model(correlation: float) -> TieModel:
     """The formula at the paper's test sizes (Table A1) with the paper's seed spread."""
     sd, source = paper_seed_sd()
-    return TieModel(test_sizes(), correlation, sd, source)
+    return TieModel(paper_test_sizes(), correlation, sd, source)
 
 
 def measured_correlation() -> float:
