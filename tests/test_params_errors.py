@@ -278,3 +278,22 @@ def test_a_key_renamed_for_one_meaning_per_word_names_its_new_name(params):
     assert "methods.goal: unknown key(s) ['recipe']" in message
     assert "'recipe' is now called 'recipe_overrides' (recipe_overrides: " in message
     assert "did you mean 'margin_control'" not in message
+
+
+def test_a_misspelt_key_and_a_misspelt_method_in_one_file_are_reported_together(empty_project, params, capsys):
+    """The schema's errors and the broken references of one file come in one error: fixing the key does not
+    meet the method name only on the next try."""
+    from hnclip.cli import main
+    table1 = params["tables"]["table1"]["rows"]
+    row = next(i for i, r in enumerate(table1) if r["method"] == "hn_clip")
+    table1[row]["method"] = "hn_clp"
+    params["methods"]["hn_only"]["lambda_tk"] = params["methods"]["hn_only"].pop("lambda_tok")
+    (empty_project / "params.yaml").write_text(yaml.safe_dump(params))
+    assert main(["validate"]) == 2
+    err = capsys.readouterr().err
+    assert "methods.hn_only: unknown key(s) ['lambda_tk']" in err and "did you mean 'lambda_tok'?" in err
+    assert (f"tables.table1.rows.{row}.method: unknown method 'hn_clp' in row 'hn_clip'; allowed values: "
+            in err and "did you mean 'hn_clip'?" in err)
+    with pytest.raises(ParamsError) as error:
+        Registry(params)
+    assert any("'hn_clp'" in p for p in error.value.problems) and any("'lambda_tk'" in p for p in error.value.problems)

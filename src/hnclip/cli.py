@@ -7,14 +7,15 @@ import json
 import sys
 from pathlib import Path
 
-from hnclip.config.params import load_params
+from hnclip.config.params import load_params, schema_path
 from hnclip.config.registry import Registry
 from hnclip.errors import UserError
 
 
 def _registry(args: argparse.Namespace) -> Registry:
     overrides = {"profile": args.profile} if args.profile else {}
-    reg = Registry(load_params(args.params, overrides), validate=False)
+    # the registry validates: the schema's errors and the broken references, reported together
+    reg = Registry(load_params(args.params, overrides, validate=False), schema_path=schema_path(args.params))
     if args.threads:  # Snakemake passes the threads it granted the job; never part of a run's identity
         reg.profile["execution"]["threads"] = args.threads
     return reg

@@ -5,14 +5,13 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from hnclip.config import paths
-from hnclip.config.params import validate_params
 from hnclip.hashing import canonical_json
 from hnclip.config.constants import PRETRAIN_ROLE, STRONGEST_BASELINE_TABLE
 from hnclip.commands.data import dataset_generation
 from hnclip.config.registry import Registry, pretrain_spec, with_generator_digest
 
-validate_params(config)  # fails before any job starts, naming the bad key and the allowed values
-REG = Registry(config, validate=False)
+# fails before any job starts, naming every bad key and broken reference with the allowed values
+REG = Registry(config)
 PROFILE = REG.profile_name
 DATA_ROOT = REG.profile["data_root"]
 EXECUTION = REG.profile["execution"]

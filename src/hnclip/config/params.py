@@ -235,8 +235,15 @@ def validate_params(params: Any, schema_path: str | Path | None = None) -> None:
         raise params_error([_describe(error, schema) for error in errors])
 
 
-def load_params(path: str | Path = "params.yaml", overrides: dict[str, Any] | None = None) -> dict:
-    """Read, apply dotted-key overrides (e.g. {"profile": "paper"}), validate, return the dict."""
+def schema_path(params_path: str | Path = "params.yaml") -> Path:
+    """The schema of a params file: workflow/schemas/params.schema.yaml of the project it is in."""
+    return find_project_root(Path(params_path).parent) / SCHEMA_RELPATH
+
+
+def load_params(path: str | Path = "params.yaml", overrides: dict[str, Any] | None = None,
+                validate: bool = True) -> dict:
+    """Read, apply dotted-key overrides (e.g. {"profile": "paper"}), validate (unless the caller's
+    Registry does, which also reports the broken references with the schema's errors), return the dict."""
     path = Path(path)
     try:
         params = read_yaml(path.read_text())
@@ -245,7 +252,8 @@ def load_params(path: str | Path = "params.yaml", overrides: dict[str, Any] | No
     except yaml.YAMLError as exc:
         raise ParamsError(f"{path} is not valid YAML: {exc}") from None
     params = apply_overrides(params, overrides or {})
-    validate_params(params, find_project_root(path.parent) / SCHEMA_RELPATH)
+    if validate:
+        validate_params(params, schema_path(path))
     return params
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from hnclip.config import paths
@@ -156,10 +157,17 @@ def make_run_id(spec: dict) -> tuple[str, str]:
 
 
 class Registry:
-    def __init__(self, params: dict, profile: str | None = None, validate: bool = True):
+    def __init__(self, params: dict, profile: str | None = None, validate: bool = True,
+                 schema_path: str | Path | None = None):
+        schema_problems = []
         if validate:
-            validate_params(params)
+            try:
+                validate_params(params, schema_path)
+            except ParamsError as error:
+                schema_problems = list(error.problems) or [str(error)]
         self.params = params
+        if schema_problems:   # with the broken references the file also has: every problem in one error
+            raise params_error(schema_problems + self._references_despite_schema_errors(profile))
         self.profile_name = profile or params["profile"]
         profiles = params["profiles"]
         if self.profile_name not in profiles:
@@ -184,6 +192,20 @@ class Registry:
             (isinstance(switch, list) and table in switch)
 
     # ---- validation of cross-references (the schema cannot see them) -------------------------
+    def _references_despite_schema_errors(self, profile: str | None) -> list[str]:
+        """The broken references of a file the schema refused, as far as its structure lets them be read
+        (a reader fixing a misspelt key should not meet its misspelt method name only on the next try);
+        [] where the refused structure is what they would read: the schema's errors say what."""
+        try:
+            self.profile_name = profile or self.params["profile"]
+            profiles = self.params["profiles"]
+            if self.profile_name not in profiles:
+                return [unknown_name("profile", "profile", self.profile_name, profiles)]
+            self.profile = profiles[self.profile_name]
+            return list(dict.fromkeys(self._reference_problems()))
+        except (KeyError, TypeError, AttributeError, IndexError, ValueError):
+            return []
+
     def _check_references(self) -> None:
         """Every name params.yaml uses refers to something it defines. One ParamsError names every broken
         reference at once, each at its dotted key (a table row's with its key), with the allowed values
