@@ -21,11 +21,11 @@ from hnclip.config.constants import (
     DEFAULT_ADAPTER,
     PRETRAIN_ROLE,
     RUNNABLE_FRAMEWORKS,
-    TRAINED_FRAMEWORKS,
 )
-from hnclip.config.objective_keys import ZEROSHOT_FRAMEWORK, misplaced_options, readable_parts, run_objective
+from hnclip.config.objective_keys import ZEROSHOT_FRAMEWORK, readable_parts, run_objective
 from hnclip.config.params import ParamsError, params_error, validate_params
-from hnclip.errors import UnknownNameError, did_you_mean, did_you_mean_each, unknown_name
+from hnclip.config.references import reference_problems
+from hnclip.errors import UnknownNameError
 from hnclip.hashing import canonical_json, json_sha256
 
 # The objective's keys, their defaults and which of them identify a run: hnclip.config.objective_keys.
@@ -89,25 +89,6 @@ def method_recipe(recipe: dict, method: dict) -> dict:
     return recipe
 
 
-def _check_trained_only(where: str, method: dict) -> None:
-    """Table X1's controls (a margin control, one softmax over the accumulation group) are options of
-    the HN-CLIP objective's trainer: a baseline framework would silently ignore them."""
-    options = misplaced_options(method)
-    options += ["recipe_overrides.exact_batch"] if method.get("recipe_overrides", {}).get("exact_batch") else []
-    if options and method["framework"] not in TRAINED_FRAMEWORKS:
-        raise ParamsError(f"params.yaml: {where}: {', '.join(options)} is available for the frameworks "
-                          f"{list(TRAINED_FRAMEWORKS)} only, not {method['framework']!r}")
-
-
-def _problems_of(check, *args) -> list[str]:
-    """The problems a check that raises at its first (a ParamsError) reports, as items of a list of them."""
-    try:
-        check(*args)
-    except ParamsError as error:
-        return [problem.removeprefix("params.yaml: ") for problem in error.problems]
-    return []
-
-
 def pretrain_dataset(pretrain: dict) -> dict:
     """The synthetic corpus a backbone is pretrained on, as a dataset realisation."""
     dataset = {"kind": "synthetic", "variant": pretrain["variant"], "sizes": pretrain["sizes"],
@@ -159,21 +140,19 @@ def make_run_id(spec: dict) -> tuple[str, str]:
 class Registry:
     def __init__(self, params: dict, profile: str | None = None, validate: bool = True,
                  schema_path: str | Path | None = None):
-        schema_problems = []
+        problems = []
         if validate:
             try:
                 validate_params(params, schema_path)
             except ParamsError as error:
-                schema_problems = list(error.problems) or [str(error)]
+                problems = list(error.problems) or [str(error)]
         self.params = params
-        if schema_problems:   # with the broken references the file also has: every problem in one error
-            raise params_error(schema_problems + self._references_despite_schema_errors(profile))
-        self.profile_name = profile or params["profile"]
-        profiles = params["profiles"]
-        if self.profile_name not in profiles:
-            raise ParamsError("params.yaml: " + unknown_name("profile", "profile", self.profile_name, profiles))
-        self.profile = profiles[self.profile_name]
-        self._check_references()
+        self.profile_name = profile or (params.get("profile") if isinstance(params, dict) else None)
+        # with the schema's errors, the broken references the file also has: every problem in one error
+        problems += reference_problems(params, self.profile_name, best_effort=bool(problems))
+        if problems:
+            raise params_error(problems)
+        self.profile = params["profiles"][self.profile_name]
         self._runs: dict[str, RunSpec] = {}
         self._costs: dict[str, dict] = {}   # run id -> its method's cost-only settings (COST_ONLY_SETTINGS)
         # Tables marked `optional` are planned only where asked for (`is_planned`).
@@ -190,121 +169,6 @@ class Registry:
         switch = self.params.get("optional_tables", False)
         return switch is True or table in self.profile.get("optional_tables", []) or \
             (isinstance(switch, list) and table in switch)
-
-    # ---- validation of cross-references (the schema cannot see them) -------------------------
-    def _references_despite_schema_errors(self, profile: str | None) -> list[str]:
-        """The broken references of a file the schema refused, as far as its structure lets them be read
-        (a reader fixing a misspelt key should not meet its misspelt method name only on the next try);
-        [] where the refused structure is what they would read: the schema's errors say what."""
-        try:
-            self.profile_name = profile or self.params["profile"]
-            profiles = self.params["profiles"]
-            if self.profile_name not in profiles:
-                return [unknown_name("profile", "profile", self.profile_name, profiles)]
-            self.profile = profiles[self.profile_name]
-            return list(dict.fromkeys(self._reference_problems()))
-        except (KeyError, TypeError, AttributeError, IndexError, ValueError):
-            return []
-
-    def _check_references(self) -> None:
-        """Every name params.yaml uses refers to something it defines. One ParamsError names every broken
-        reference at once, each at its dotted key (a table row's with its key), with the allowed values
-        and the closest known names."""
-        problems = list(dict.fromkeys(self._reference_problems()))
-        if problems:
-            raise params_error(problems)
-
-    def _reference_problems(self) -> list[str]:
-        p, prof, pname = self.params, self.profile, self.profile_name
-        problems: list[str] = []
-        if prof["backbone"] not in p["backbones"]:
-            problems.append(unknown_name(f"profiles.{pname}.backbone", "backbone", prof["backbone"], p["backbones"]))
-        for name, bench in p["benchmarks"].items():
-            for role, key in ((bench["train"], "train"), (bench["test"]["dataset"], "test.dataset")):
-                if role not in prof["datasets"]:
-                    problems.append(f"benchmarks.{name}.{key}: dataset {role!r} is not defined in profile {pname!r} "
-                                    f"(add it to profiles.{pname}.datasets); defined: {sorted(prof['datasets'])}")
-        for mname, method in p["methods"].items():
-            problems += self._settings_problems(f"methods.{mname}.settings", method)
-            problems += _problems_of(_check_trained_only, f"methods.{mname}", method)
-        for tname, table in p["tables"].items():
-            problems += self._table_problems(tname, table)
-        optional = sorted(name for name, table in p["tables"].items() if table.get("optional"))
-        switch = p.get("optional_tables")
-        # A profile may name a table a trimmed params file leaves out; the switch must name optional tables.
-        for where, wrong in ((f"profiles.{pname}.optional_tables",
-                              set(prof.get("optional_tables", [])) & (set(p["tables"]) - set(optional))),
-                             ("optional_tables", set(switch if isinstance(switch, list) else []) - set(optional))):
-            if wrong:
-                problems.append(f"{where}: {sorted(wrong)} are not optional tables; allowed values: {optional}"
-                                f"{did_you_mean_each(sorted(wrong), optional)}")
-        for tname, table in p["derived_tables"].items():
-            problems += self._derived_table_problems(tname, table)
-        for fname, figure in p.get("figures", {}).items():
-            tables = [(f"figures.{fname}.table", figure.get("table"))] + \
-                [(f"figures.{fname}.series.{i}.table", s["table"]) for i, s in enumerate(figure.get("series", []))]
-            for where, table in tables:
-                if table is not None and table not in p["tables"]:
-                    problems.append(unknown_name(where, "table", table, p["tables"]))
-        return problems
-
-    def _table_problems(self, tname: str, table: dict) -> list[str]:
-        """A table's broken references: its benchmarks, its method (`vary`) or its rows' methods, benchmarks
-        and settings, its probe rows."""
-        p, at = self.params, f"tables.{tname}"
-        problems = [unknown_name(f"{at}.benchmarks.{i}", "benchmark", bench, p["benchmarks"])
-                    for i, bench in enumerate(table["benchmarks"]) if bench not in p["benchmarks"]]
-        if "method" in table and table["method"] not in p["methods"]:
-            problems.append(unknown_name(at, "method", table["method"], p["methods"]))
-        for i, row in enumerate(table.get("rows", [])):
-            in_row = f" in row {row['key']!r}"
-            if row["method"] not in p["methods"]:
-                problems.append(unknown_name(f"{at}.rows.{i}.method", "method", row["method"], p["methods"], in_row))
-            elif row.get("set"):   # what the row's own settings break (the method's own problems are its)
-                method = {**p["methods"][row["method"]], **row["set"]}
-                problems += self._settings_problems(f"{at}.rows.{i}.set.settings", method, row["set"])
-                if not _problems_of(_check_trained_only, "", p["methods"][row["method"]]):
-                    problems += _problems_of(_check_trained_only, f"{at}.rows.{i} (row {row['key']!r})", method)
-            for j, bench in enumerate(row.get("benchmarks", [])):
-                if bench not in table["benchmarks"]:
-                    problems.append(f"{at}.rows.{i}.benchmarks.{j}: benchmark {bench!r}{in_row} is not one of the "
-                                    f"table's benchmarks {table['benchmarks']}"
-                                    f"{did_you_mean(bench, table['benchmarks'])}")
-        keys = [row["key"] for row in table.get("rows", [])]
-        missing = [row for row in table.get("probe_rows", []) if row not in keys]
-        if missing:
-            problems.append(f"{at}.probe_rows: {sorted(missing)} are not rows of the table; allowed values: {keys}"
-                            f"{did_you_mean_each(sorted(missing), keys)}")
-        return problems
-
-    def _settings_problems(self, where: str, method: dict, own: dict | None = None) -> list[str]:
-        """Keys of a method's `settings` (or of a row's `set: {settings: ...}`, `own`) that its framework's
-        protocol settings (`frameworks.<framework>`) do not have."""
-        settings = (method if own is None else own).get("settings", {})
-        allowed = sorted(self.params["frameworks"].get(method["framework"], {}))
-        unknown = sorted(set(settings) - set(allowed))
-        if not unknown:
-            return []
-        if not allowed:
-            return [f"{where}: unknown key(s) {unknown} for the {method['framework']} framework, which has no "
-                    f"settings; the frameworks with settings: {sorted(self.params['frameworks'])}"]
-        return [f"{where}: unknown key(s) {unknown} for the {method['framework']} framework; allowed keys: "
-                f"{allowed}{did_you_mean_each(unknown, allowed)}"]
-
-    def _derived_table_problems(self, tname: str, table: dict) -> list[str]:
-        p, at = self.params, f"derived_tables.{tname}"
-        problems = []
-        if tname in p["tables"]:
-            problems.append(f"{at}: the name is also a table of `tables`; rename one of them")
-        for i, row in enumerate(table.get("rows", [])):
-            if row["method"] not in p["methods"]:
-                problems.append(unknown_name(f"{at}.rows.{i}.method", "method", row["method"], p["methods"],
-                                             f" in row {row['key']!r}"))
-        if table["kind"] == "timing" and not ("train" in table and table.get("rows")):
-            missing = [key for key in ("train", "rows") if not table.get(key)]
-            problems.append(f"{at}: a timing table needs `train` (the training set of the runs it times) and `rows` "
-                            f"(the methods it times); missing: {missing}")
-        return problems
 
     def figure_tables(self, name: str) -> list[str]:
         """Tables whose cells a figure draws (none for the caption-geometry figures)."""
