@@ -10,6 +10,7 @@ configfile: "params.yaml"
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
+include: "workflow/rules/image_cache.smk"
 include: "workflow/rules/backbone.smk"
 include: "workflow/rules/auxiliary.smk"
 include: "workflow/rules/train.smk"

@@ -1,11 +1,21 @@
 #!/usr/bin/env bash
 # Idempotent setup: (re)creates .venv from requirements.lock, reusing it while the lock is unchanged.
 #   HNCLIP_SETUP_JOBS=N   pip processes installing the lock side by side (default 3; 1 = one pip)
+#   HNCLIP_TORCH_BUILD=B  the torch build: cu130 (default: the lock's own, PyPI's CUDA 13.0 build, which needs an
+#                         NVIDIA driver >= 580.65.06), cu128 (CUDA 12.8: driver >= 570.26) or cpu (no GPU). cu128
+#                         and cpu replace the lock's torch, torchvision, triton and CUDA wheels with that build of
+#                         the same torch release from PyTorch's index, HNCLIP_TORCH_INDEX/B (default
+#                         https://download.pytorch.org/whl/B; a download of ~1-3 GB). docs/paper-run.md
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
 JOBS=${HNCLIP_SETUP_JOBS:-3}
+BUILD=${HNCLIP_TORCH_BUILD:-cu130}
+TORCH_INDEX=${HNCLIP_TORCH_INDEX:-https://download.pytorch.org/whl}
 stamp=.venv/.lock-sha256
+case $BUILD in cu130|cu128|cpu) ;; *) echo "setup: HNCLIP_TORCH_BUILD must be cu130, cu128 or cpu, not '$BUILD'"; exit 2;; esac
+# The lock's own pins are the cu130 build; another build's torch pins and what they replace (the CUDA 13 wheels).
+CUDA_PINS='^(torch|torchvision|triton|cuda-[a-z-]+|nvidia-(c[a-z0-9-]+|nccl[a-z0-9-]*|nvjitlink|nvshmem[a-z0-9-]*|nvtx))=='
 # Where PYTHONDONTWRITEBYTECODE is set (common in containers) Python never caches what it compiles, and
 # every process compiles what it imports from source again (`import open_clip`: 16 s instead of 6.5;
 # benchmarks/import_times.py). So the packages are byte-compiled once, when installed, and the
@@ -13,6 +23,7 @@ stamp=.venv/.lock-sha256
 # changed, a no-op).
 compile_project() { .venv/bin/python -m compileall -qq -j 0 src >/dev/null 2>&1 || true; }
 want=$(sha256sum requirements.lock pyproject.toml | sha256sum | cut -d' ' -f1)
+[ "$BUILD" = cu130 ] || want="$want-$BUILD"   # the default build's stamp is the lock's hash alone
 if [ -x .venv/bin/python ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   compile_project
   echo "setup: .venv is up to date with requirements.lock"
@@ -20,6 +31,7 @@ if [ -x .venv/bin/python ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]
 fi
 case $JOBS in ''|*[!0-9]*|0) echo "setup: HNCLIP_SETUP_JOBS must be a positive integer, not '$JOBS'"; exit 2;; esac
 echo "setup: building .venv from requirements.lock (first time: ~1.5 min, ~6 GB; torch comes from the local wheel cache)"
+[ "$BUILD" = cu130 ] || echo "setup: torch build $BUILD from $TORCH_INDEX/$BUILD instead of the lock's CUDA 13.0 wheels"
 rm -rf .venv
 "$PY" -m venv .venv
 log=.venv/setup.log
@@ -30,7 +42,11 @@ start=$SECONDS
 # --no-compile: modules are byte-compiled below, on every core.
 parts=.venv/lock-parts
 mkdir -p "$parts"
-grep -Ev '^[[:space:]]*(#|$)' requirements.lock | split -n "r/$JOBS" - "$parts/part-"
+if [ "$BUILD" = cu130 ]; then
+  grep -Ev '^[[:space:]]*(#|$)' requirements.lock
+else
+  grep -Ev '^[[:space:]]*(#|$)' requirements.lock | grep -Ev "$CUDA_PINS" || true
+fi | split -n "r/$JOBS" - "$parts/part-"
 pids=() part_files=()
 for part in "$parts"/part-*; do
   [ -s "$part" ] || continue
@@ -45,6 +61,14 @@ if [ ${#failed[@]} -gt 0 ]; then
   echo "setup: pip install failed (full log: $log)"; exit 1
 fi
 rm -rf "$parts"
+if [ "$BUILD" != cu130 ]; then
+  # The same torch and torchvision releases in the chosen build, with the dependencies that build pins (its
+  # own CUDA wheels, triton); `pip check` below verifies the whole set again.
+  torch_pins=$(grep -E '^(torch|torchvision)==' requirements.lock | sed "s/\$/+$BUILD/")
+  # shellcheck disable=SC2086  # one argument per pin
+  .venv/bin/pip install --no-input --no-compile --index-url "$TORCH_INDEX/$BUILD" $torch_pins >>"$log" 2>&1 || {
+    tail -n 30 "$log"; echo "setup: installing torch build $BUILD from $TORCH_INDEX/$BUILD failed (full log: $log)"; exit 1; }
+fi
 .venv/bin/pip install --no-input --no-compile --no-deps -e . >>"$log" 2>&1 || { tail -n 30 "$log"; exit 1; }
 .venv/bin/pip check >>"$log" 2>&1 || { tail -n 30 "$log"; echo "setup: pip check failed: requirements.lock is not a complete, consistent pin set"; exit 1; }
 echo "setup: packages installed in $((SECONDS - start)) s ($JOBS pip processes)"

@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import string
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -33,6 +34,7 @@ from hnclip.auxiliary.lism import (
 from hnclip.auxiliary.segments import (
     CpuSegmenter,
     SamSegmenter,
+    crop_of,
     mask_bbox,
     sam_input,
     segments_of,
@@ -187,9 +189,14 @@ def test_lism_keeps_the_max_similarity_segment_and_drops_full_image_matches(tmp_
     assert [m["similarity"] for m in row["matches"]] == pytest.approx([0.9, 0.8])
     assert row["segment"] == row["matches"][0]                       # one pair per image: the best
     assert row["segment"]["sentence_index"] == 2 and row["segment"]["bbox"] == _box(20, 24, 12, 12)
-    crop = np.asarray(Image.open(tmp_path / row["segment"]["crop_file"]))
-    assert crop.shape == (12, 12, 3) and np.all(crop == BLUE)
+    assert row["segment"]["crop_id"] == "img_seg1" and not (tmp_path / "crops").exists()   # a box, no file
     assert row["no_segment"] is None
+    with_files = _row("img", caption, image, segments, colour_encoders(rows), LismSettings(crop_files=True), tmp_path)
+    crop = np.asarray(Image.open(tmp_path / with_files["segment"]["crop_file"]))
+    assert crop.shape == (12, 12, 3) and np.all(crop == BLUE)
+    assert [{k: v for k, v in m.items() if k != "crop_file"} for m in with_files["matches"]] == \
+        [{k: v for k, v in m.items() if k != "crop_id"} for m in row["matches"]]   # crop_file <-> crop_id only
+    assert with_files["segment"]["crop_file"] == "crops/img_seg1.png"
 
     kept = _row("img", caption, image, segments, colour_encoders(rows),
                     LismSettings(drop_full_image=False), tmp_path)
@@ -211,7 +218,7 @@ def test_lism_rows_without_a_segment_say_why_and_fall_back_to_the_full_image(tmp
     assert _row("c", "A red square.", image, [], encoders, LismSettings(), tmp_path)["no_segment"] \
         == "no_segments"
     fallback = segment_or_fallback(only_full)
-    assert fallback["fallback"] is True and fallback["crop_file"] is None
+    assert fallback["fallback"] is True and fallback["crop_id"] is None
     assert fallback["sentence"] == "Gray all over. Still gray" and fallback["bbox"] == _box(0, 0, 40, 40)
     assert segment_or_fallback(truncated)["fallback"] is False
 
@@ -283,7 +290,7 @@ def test_median_thresholds_follow_the_grayscale_median():
 
 
 def test_top_matches_counts_a_repeated_crop_once_when_distinct():
-    ranked = [{"crop_file": "a"}, {"crop_file": "a"}, {"crop_file": "b"}, {"crop_file": "c"}]
+    ranked = [{"crop_id": "a"}, {"crop_file": "crops/a.png"}, {"crop_id": "b"}, {"crop_id": "c"}]
     assert top_matches(ranked, 2, distinct_crops=True) == [ranked[0], ranked[2]]
     assert top_matches(ranked, 2, distinct_crops=False) == ranked[:2]
     assert top_matches(ranked[:1], 2, distinct_crops=True) == ranked[:1]
@@ -312,13 +319,33 @@ def test_build_lism_end_to_end(built):
     assert [(m["sentence"], m["bbox"]) for m in rows["three"]["matches"]] == [
         ("Green here", _box(2, 20, 10, 10)), ("Then red", _box(26, 2, 10, 10)), ("Also blue", _box(22, 24, 10, 10))]
     assert [m["sentence_index"] for m in rows["same"]["matches"]] == [0, 1]
-    assert rows["same"]["segment"]["crop_file"] == rows["same"]["matches"][1]["crop_file"]
-    for row in rows.values():
-        for match in row["matches"]:
-            box = match["bbox"]
-            original = np.asarray(Image.open(data / "images" / f"{row['id']}.png"))
-            crop = np.asarray(Image.open(out / match["crop_file"]))
-            assert np.array_equal(crop, original[box["y1"]:box["y2"], box["x1"]:box["x2"]])
+    assert rows["same"]["segment"]["crop_id"] == rows["same"]["matches"][1]["crop_id"]
+    assert not (out / "crops").exists()
+
+
+def test_crops_cut_from_boxes_are_the_crop_files_pixels_and_goal_reads_them_so(tmp_path):
+    from hnclip.auxiliary.batches import _box_crop, _image
+    data = tmp_path / "data"
+    manifest = write_scenes(data)
+    build_lism(manifest, tmp_path / "boxes", CpuSegmenter(), colour_encoders(), LismSettings(), batch_images=4)
+    build_lism(manifest, tmp_path / "files", CpuSegmenter(), colour_encoders(), LismSettings(crop_files=True),
+               batch_images=4)
+    boxes, files = ([json.loads(line) for line in (tmp_path / d / "segments.jsonl").read_text().splitlines()]
+                    for d in ("boxes", "files"))
+    cut = 0
+    for by_box, by_file in zip(boxes, files, strict=True):
+        assert [m["crop_id"] for m in by_box["matches"]] == [Path(m["crop_file"]).stem for m in by_file["matches"]]
+        strip = [{k: v for k, v in m.items() if k not in ("crop_id", "crop_file")} for m in by_box["matches"]]
+        assert strip == [{k: v for k, v in m.items() if k not in ("crop_id", "crop_file")} for m in by_file["matches"]]
+        image_file = data / "images" / f"{by_box['id']}.png"
+        for box_match, file_match in zip(by_box["matches"], by_file["matches"], strict=True):
+            png = tmp_path / "files" / file_match["crop_file"]
+            assert np.array_equal(np.asarray(Image.open(png)), np.asarray(crop_of(Image.open(image_file),
+                                                                                 box_match["bbox"])))
+            as_goal_reads = _box_crop(image_file, box_match["bbox"], lambda im: torch.from_numpy(np.array(im)))
+            assert torch.equal(as_goal_reads, _image(png, lambda im: torch.from_numpy(np.array(im))))
+            cut += 1
+    assert cut == 2 + 3 + 2 + 1   # every match of every scene
 
 
 def test_build_edges_end_to_end(built):

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from helpers.auxiliary import Counting, CountingSegmenter, colour_encoders, write_scenes, write_synthetic
 
@@ -17,8 +19,9 @@ from hnclip.auxiliary import edges as edges_module
 from hnclip.auxiliary.edges import EdgeSettings, build_edges
 from hnclip.auxiliary.lism import LismSettings, build_lism
 from hnclip.auxiliary.segments import CpuSegmenter
-from hnclip.auxiliary.shards import EXIT_AFTER_ENV, EXIT_CODE, build_sharded, shard_path
+from hnclip.auxiliary.shards import EXIT_AFTER_ENV, EXIT_CODE, build_sharded, shard_count, shard_path
 from hnclip.config.paths import shard_dir
+from hnclip.errors import UserError
 from hnclip.hashing import file_sha256
 from hnclip.io import write_jsonl
 from hnclip.rehearsal.miniature_models import clip_bpe, save_tiny_clip, save_tiny_sam
@@ -192,10 +195,10 @@ def _lism(manifest: Path, out: Path, segmenter=None, settings: LismSettings = Li
                       shard_images=4)
 
 
-def _killed_lism(manifest: Path, out: Path) -> dict:
+def _killed_lism(manifest: Path, out: Path, settings: LismSettings = LismSettings()) -> dict:
     """A build that fails on the 6th image: shard 0 (images 1-4) is done."""
     with pytest.raises(RuntimeError, match="injected failure"):
-        _lism(manifest, out, CountingSegmenter(CpuSegmenter(), fail_at=6))
+        _lism(manifest, out, CountingSegmenter(CpuSegmenter(), fail_at=6), settings)
     header = json.loads(shard_path(shard_dir(out / "segments.jsonl"), 0).read_text().splitlines()[0])["shard"]
     assert header["identity"]["manifest_sha256"] == file_sha256(manifest)
     assert (header["first"], header["stop"]) == (0, 4)
@@ -221,10 +224,11 @@ def test_lism_shards_from_another_manifest_are_not_reused(tmp_path):
 def test_lism_shards_of_other_settings_or_with_lost_crops_are_not_reused(tmp_path, change):
     manifest = write_scenes(tmp_path / "data", copies=2)
     out = tmp_path / "aux"
-    _killed_lism(manifest, out)
-    settings, inner = LismSettings(), CpuSegmenter()
+    files = LismSettings(crop_files=True)   # crop PNGs, which a shard's rows name
+    _killed_lism(manifest, out, files)
+    settings, inner = files, CpuSegmenter()
     if change == "settings":
-        settings = LismSettings(drop_full_image=False)
+        settings = LismSettings(drop_full_image=False, crop_files=True)
     elif change == "segmenter":
         inner = CpuSegmenter(bins=6)
     else:
@@ -280,3 +284,62 @@ def test_edges_shards_made_from_other_segments_or_settings_are_not_reused(tmp_pa
     edge_map.calls, edge_map.fail_at = 0, None
     summary = build_edges(manifest, out / "segments.jsonl", out, settings, shard_images=4)
     assert (summary["shards_reused"], edge_map.calls) == (0, 12)
+
+
+# --- several jobs: one shard each, then a gather ---------------------------------------------
+
+def test_shard_jobs_then_a_gather_write_the_single_jobs_bytes(tmp_path):
+    assert [shard_count(n, 4) for n in (0, 1, 4, 5, 10)] == [0, 1, 1, 2, 3]
+    reference, _ = build_sharded(ITEMS, Rows(), tmp_path / "one" / "i.jsonl", {"m": 1}, shard_items=4, batch_items=3)
+    out = tmp_path / "split" / "i.jsonl"
+    with pytest.raises(UserError, match=r"cannot gather, 3 of 3 shard\(s\) missing .*shard-00000.jsonl \(absent\)"):
+        build_sharded(ITEMS, Rows(), out, {"m": 1}, shard_items=4, gather=True)
+    for k in (2, 0):
+        make = Rows()
+        rows, counts = build_sharded(ITEMS, make, out, {"m": 1}, shard_items=4, batch_items=3, only_shard=k)
+        assert [row["id"] for row in rows] == [item.id for item in ITEMS[4 * k:4 * k + 4]]
+        assert make.batches == ([[8, 9]] if k == 2 else [[0, 1, 2], [3]]) and counts["shards_reused"] == 0
+    assert not out.exists() and sorted(p.name for p in shard_dir(out).iterdir()) == ["shard-00000.jsonl",
+                                                                                        "shard-00002.jsonl"]
+    with pytest.raises(UserError, match=r"1 of 3 shard\(s\) missing .*shard-00001.jsonl \(absent\)"):
+        build_sharded(ITEMS, Rows(), out, {"m": 1}, shard_items=4, gather=True)
+    with pytest.raises(UserError, match="shard 3 does not exist; 10 items in blocks of 4 make shards 0 to 2"):
+        build_sharded(ITEMS, Rows(), out, {"m": 1}, shard_items=4, only_shard=3)
+    build_sharded(ITEMS, Rows(), out, {"m": 1}, shard_items=4, batch_items=3, only_shard=1)
+    again = Rows()
+    assert build_sharded(ITEMS, again, out, {"m": 1}, shard_items=4, only_shard=1)[1]["shards_reused"] == 1
+    assert again.batches == []
+    with pytest.raises(UserError, match=r"3 of 3 shard\(s\) .*shard-00000.jsonl \(made from other inputs"):
+        build_sharded(ITEMS, Rows(), out, {"m": 2}, shard_items=4, gather=True)
+    gathered = Rows()
+    rows, _ = build_sharded(ITEMS, gathered, out, {"m": 1}, shard_items=4, gather=True)
+    assert gathered.batches == [] and rows == reference
+    assert out.read_bytes() == (tmp_path / "one" / "i.jsonl").read_bytes()
+
+
+def _constant_encoders():
+    from hnclip.auxiliary.lism import Encoders
+    return Encoders(lambda images: np.ones((len(images), 2)), lambda texts: np.ones((len(texts), 2)),
+                    lambda text: 3, 77, "constant")
+
+
+def test_a_shard_made_with_other_sam_weights_at_the_same_path_is_not_reused(tmp_path, caplog):
+    from hnclip.auxiliary.sam_masks import DirectSamSegmenter
+    manifest = write_synthetic(tmp_path / "data", 4)
+    sam = save_tiny_sam(tmp_path / "sam", image_size=SAM_IMAGE_SIZE, confident=True, seed=0)
+    out = tmp_path / "aux"
+    killed = CountingSegmenter(DirectSamSegmenter(sam, points_per_side=8), fail_at=3)   # shard 0 (2 images) done
+    with pytest.raises(RuntimeError, match="injected failure"):
+        build_lism(manifest, out, killed, _constant_encoders(), batch_images=2, shard_images=2)
+    header = json.loads(shard_path(shard_dir(out / "segments.jsonl"), 0).read_text().splitlines()[0])["shard"]
+    names = ("config.json", "model.safetensors", "preprocessor_config.json")
+    assert header["identity"]["segmenter"]["files"] == {name: file_sha256(sam / name) for name in names}
+    shutil.copytree(out, tmp_path / "control")   # the same weights: shard 0 is reused
+    same = CountingSegmenter(DirectSamSegmenter(sam, points_per_side=8))
+    control = build_lism(manifest, tmp_path / "control", same, _constant_encoders(), batch_images=2, shard_images=2)
+    assert (control["shards_reused"], same.calls) == (1, 2)
+    save_tiny_sam(tmp_path / "sam", image_size=SAM_IMAGE_SIZE, confident=True, seed=1)   # other weights, same path
+    resumed = CountingSegmenter(DirectSamSegmenter(sam, points_per_side=8))
+    summary = build_lism(manifest, out, resumed, _constant_encoders(), batch_images=2, shard_images=2)
+    assert (summary["shards"], summary["shards_reused"], resumed.calls) == (2, 0, 4)   # shard 0 made again
+    assert "shard-00000.jsonl: made again (made from other inputs or another block (identity differ))" in caplog.text

@@ -20,6 +20,7 @@ recall_large = importlib.import_module("recall_large")
 run_overheads = importlib.import_module("run_overheads")
 throughput = importlib.import_module("throughput")
 token_memory = importlib.import_module("token_memory")
+token_term_profile = importlib.import_module("token_term_profile")
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: tiny shapes, one thread
 
@@ -56,13 +57,56 @@ def test_throughput_records_both_modes(tmp_path):
         assert (shapes["model"], shapes["image_size"], shapes["micro_batch"], shapes["grad_accum"]) == \
             ("hnclip-tiny", 64, 4, 2)
         assert shapes["compute_batch"] == (8 if record["mode"] == "compute_batch" else None)
+        assert record["pairs_per_forward"] == (8 if record["mode"] == "compute_batch" else 4)
+        # the new execution path, as it applies on a CPU: causal text attention, torch's default AdamW
+        assert (record["text_attention"], record["fused_adamw"], record["compile"]) == ("causal flag", False, False)
+        assert len(record["first_step_losses"]) == 2 and all(loss > 0 for loss in record["first_step_losses"])
     assert records[2]["objective"] == {"framework": "full", "gamma": 0.5, "lambda_tok": 1.0, "margin": "live",
                                        "margin_control": "none"}
 
 
 def test_throughput_rejects_unknown_methods(tmp_path):
     with pytest.raises(SystemExit):
-        throughput.main(["--small", "--methods", "plain,goal", "--out", str(tmp_path / "x.jsonl")])
+        throughput.main(["--small", "--methods", "plain,nope", "--out", str(tmp_path / "x.jsonl")])
+
+
+def test_throughput_covers_the_baselines_and_evaluation(tmp_path):
+    """FineLIP, GOAL and StructXLIP run one micro-batch per forward (their compute_batch request is skipped)
+    at their paper precision (fp32 on a CPU); `evaluate` encodes a test set; the earlier text attention
+    (`--text-attention mask`) gives the same first-step losses as the causal flag."""
+    out = tmp_path / "throughput.jsonl"
+    records = throughput.main(["--small", "--steps", "1", "--warmup", "0", "--eval-images", "8", "--eval-batch", "4",
+                               "--methods", "finelip,goal,structxlip,evaluate", "--out", str(out)])
+    assert read_lines(out) == json.loads(json.dumps(records))
+    assert [(r["method"], r["framework"], r["mode"]) for r in records] == [
+        ("finelip", "finelip", "accumulate"), ("goal", "goal", "accumulate"),
+        ("structxlip", "structxlip", "accumulate"), ("evaluate", "none", "evaluate")]
+    for record in records[:3]:
+        assert_environment(record)
+        assert (record["pairs_per_forward"], record["precision"]) == (4, "fp32")
+        assert record["img_per_s"] == pytest.approx(8 / record["step_s_median"])
+    assert [r["paper_precision"] for r in records[:3]] == ["fp32", "bf16", "bf16"]  # params.yaml's paper profile
+    assert records[3]["img_per_s"] == pytest.approx(8 / records[3]["step_s_median"])
+    assert (records[3]["eval_images"], records[3]["pairs_per_forward"], records[3]["precision"]) == (8, 4, "fp32")
+    masked = throughput.main(["--small", "--steps", "1", "--warmup", "0", "--methods", "plain", "--modes", "accumulate",
+                              "--text-attention", "mask", "--adamw", "default", "--out", str(out)])
+    causal = throughput.main(["--small", "--steps", "1", "--warmup", "0", "--methods", "plain", "--modes", "accumulate",
+                              "--out", str(out)])
+    assert (masked[0]["text_attention"], causal[0]["text_attention"]) == ("float mask", "causal flag")
+    assert masked[0]["adamw_option"] == "default"
+    assert masked[0]["first_step_losses"] == pytest.approx(causal[0]["first_step_losses"], abs=1e-5)
+
+
+def test_token_term_profile_compares_the_implementations(tmp_path):
+    out = tmp_path / "token_term_profile.jsonl"
+    record = token_term_profile.main(["--small", "--term-only", "--repeats", "1", "--out", str(out)])
+    assert read_lines(out) == [json.loads(json.dumps(record))]
+    assert_environment(record)
+    assert set(record["implementations"]) == {"previous", "current"}
+    assert all(value <= 1e-6 for value in record["max_abs_difference_current_vs_previous"].values())
+    previous, current = record["implementations"]["previous"], record["implementations"]["current"]
+    assert current["saved_bytes"] < previous["saved_bytes"]  # no cosines kept for backward
+    assert len(current["term_s"]) == 1 and current["term_s_median"] > 0
 
 
 def test_throughput_captions_have_the_requested_lengths():

@@ -53,9 +53,10 @@ REAL = {"real_data": True, "strength": True, "saturation": True, "headroom": Tru
 # claims.yaml `group: additional`: checks of ours, not claims the paper makes
 ADDITIONAL_CHECKS = {"best_r1_all_directions_vs_plain_ft", "margin_over_strongest_vs_plain_ft",
                      "best_or_tied_all_columns_vs_plain_ft", "seed_preserves_full_ranking",
-                     "adaptive_margin_drives_gain"}
+                     "adaptive_margin_drives_gain", "gains_grow_with_caption_length_incl_dci"}
 SELF_CONTRADICTED = {"best_r1_all_directions_vs_plain_ft", "margin_over_strongest_vs_plain_ft",
-                     "best_or_tied_all_columns_vs_plain_ft"}  # the paper's own numbers contradict these
+                     "best_or_tied_all_columns_vs_plain_ft",
+                     "gains_grow_with_caption_length_incl_dci"}  # the paper's own numbers contradict these
 CONTROLS = ("constant_margin", "shuffled_g")  # Table X1's controls of HN-CLIP's margin (beyond the paper)
 
 
@@ -337,7 +338,11 @@ def test_every_claim_on_results_that_reproduce_the_paper(in_world):
     source = ReproducedSource(in_world, bootstrap)
     rows = {c["claim_id"]: judge_claim(c, source, REAL, bootstrap) for c in claim_definitions()}
     verdicts = {cid: r["verdict"] for cid, r in rows.items()}
-    assert {cid for cid, v in verdicts.items() if v != "supported"} == SELF_CONTRADICTED, verdicts
+    # the seeds' mean deviation (0.36) is judged against the claim's own bound 0.4: one reproduction's
+    # interval of a mean of absolute differences cannot fit under it
+    assert {cid for cid, v in verdicts.items() if v != "supported"} == SELF_CONTRADICTED | {
+        "seeds_reproduce_within_04"}, verdicts
+    assert verdicts["seeds_reproduce_within_04"] == "inconclusive"
     assert all(verdicts[cid] in ("contradicted", "inconclusive") for cid in SELF_CONTRADICTED)
     for cid, row in rows.items():
         if not math.isnan(row["ci_low"]):
@@ -789,8 +794,8 @@ def test_the_papers_own_verdicts_are_marked_borderline_where_a_standard_error_mo
     at the paper's test sizes would move it (the tie one SE narrower or wider, or a margin within one SE)."""
     marked = {c["claim_id"]: paper_judgement(c) for c in claim_definitions()}
     borderline = {cid for cid, j in marked.items() if j["paper_borderline"]}
-    # the three plain fine-tuning companions (Urban-1K I→T −2.90 against a tie of 1.93; a mean margin of
-    # +1.13 against 3.51 − 1.93) and the DCI step of the caption-length ordering (−0.82 against 1.56)
+    # the three plain fine-tuning companions (Urban-1K I→T −2.90 against its tie; a mean margin of +1.13
+    # against 3.51 − tie) and the seeds' mean deviation (0.36 against the claim's own bound 0.4)
     assert borderline == {"best_r1_all_directions_vs_plain_ft", "margin_over_strongest_vs_plain_ft",
-                          "best_or_tied_all_columns_vs_plain_ft", "gains_grow_with_caption_length_incl_dci"}
+                          "best_or_tied_all_columns_vs_plain_ft", "seeds_reproduce_within_04"}
     assert marked["margin_over_strongest"]["paper_verdict"] == "supported"  # +3.51, far from its threshold

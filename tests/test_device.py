@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -190,3 +191,72 @@ def test_npu_preferred_when_torch_npu_works(tmp_path):
     assert result["info"]["name"] == "Ascend 910B" and result["info"]["count"] == 8
     assert result["info"]["torch_npu"] == "2.14.0"
     assert "available: npu (x8), cuda (x1), cpu" in result["error"]
+
+
+# ---- a profile that needs an accelerator refuses the CPU ------------------------------------------------
+ROOT = Path(__file__).resolve().parents[1]
+OLD_DRIVER = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023\n"
+
+
+@pytest.fixture
+def old_driver(no_accelerators, monkeypatch, tmp_path):
+    """A CUDA 13.0 torch build on a machine whose NVIDIA driver (535) is too old for it: torch sees no GPU."""
+    from hnclip.runtime import accelerator_needs
+    proc = tmp_path / "nvidia-version"
+    proc.write_text(OLD_DRIVER)
+    monkeypatch.setattr(accelerator_needs, "NVIDIA_PROC_VERSION", proc)
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(accelerator_needs, "torch_npu_version", lambda: None)
+    return proc
+
+
+def test_the_lock_names_its_torch_build_and_the_driver_it_needs(tmp_path):
+    from hnclip.runtime.accelerator_needs import MIN_DRIVER, driver_supports, lock_torch_build
+    assert lock_torch_build(ROOT / "requirements.lock") == {"torch": "2.14.1", "build": "cu130", "cuda": "13.0"}
+    (tmp_path / "cu128.lock").write_text("# pins\ntorch==2.14.1+cu128\nsix==1.17.0\n")
+    assert lock_torch_build(tmp_path / "cu128.lock") == {"torch": "2.14.1", "build": "cu128", "cuda": "12.8"}
+    assert lock_torch_build(tmp_path / "absent.lock") is None
+    assert MIN_DRIVER == {"13.0": "580.65.06", "12.8": "570.26"}
+    assert driver_supports("580.65.06", "13.0") and driver_supports("590.1", "13.0")
+    assert driver_supports("575.57.08", "13.0") is False and driver_supports("575.57.08", "12.8") is True
+    assert driver_supports(None, "13.0") is None and driver_supports("580.65.06", None) is None
+
+
+def test_the_paper_profile_refuses_the_cpu_naming_driver_and_torch_builds(old_driver, empty_project, params, capsys,
+                                                                          monkeypatch):
+    from hnclip.cli import main
+    from hnclip.config.registry import Registry
+    shutil.copy(ROOT / "requirements.lock", empty_project / "requirements.lock")
+    assert main(["--profile", "paper", "train", "--run", "docci-hn_clip-anything"]) == 2
+    message = " ".join(capsys.readouterr().err.split())
+    assert "this profile needs an accelerator (execution.require_accelerator: true), but device 'auto' finds none" \
+        in message
+    assert "torch: " + torch.__version__ + " (CUDA build: 13.0; torch.cuda.is_available(): False)" in message
+    assert f"NVIDIA driver: 535.104.05 (from {old_driver}): too old for CUDA 13.0 (needs >= 580.65.06)" in message
+    assert "torch_npu: not installed; accelerators: none" in message
+    assert "requirements.lock installs torch 2.14.1 (cu130, CUDA 13.0: needs NVIDIA driver >= 580.65.06)" in message
+    assert "HNCLIP_TORCH_BUILD=cu130|cu128|cpu" in message and "execution.device: cpu" in message
+    # every GPU job refuses: an evaluation that encodes (the released backbone's); a gather of shards does not
+    zeroshot = Registry(params, profile="paper").zeroshot_id()
+    assert main(["--profile", "paper", "evaluate", "--run", zeroshot, "--benchmark", "docci"]) == 2
+    assert "needs an accelerator" in capsys.readouterr().err
+    from hnclip.commands import auxiliary
+    monkeypatch.setattr(auxiliary, "build_auxiliary", lambda *args: "built")  # the guard only, not the build
+    assert main(["--profile", "paper", "auxiliary", "segments", "--dataset", "docci", "--shard", "0"]) == 2
+    assert main(["--profile", "paper", "auxiliary", "segments", "--dataset", "docci", "--gather"]) == 0
+    assert main(["--profile", "paper", "auxiliary", "edges", "--dataset", "docci"]) == 0  # a CPU job
+    assert capsys.readouterr().err.count("needs an accelerator") == 1
+
+
+def test_only_an_accelerator_or_an_explicit_cpu_meets_the_need(old_driver, monkeypatch):
+    from hnclip.runtime.device import AcceleratorRequiredError, device_needs_problem
+    paper = {"device": "auto", "require_accelerator": True, "tf32": True}
+    with pytest.raises(AcceleratorRequiredError, match="finds none here"):
+        dev.require_device_needs(paper)
+    assert "'cuda:1' finds none" in device_needs_problem({**paper, "device": "cuda:1"})
+    assert device_needs_problem({**paper, "device": "cpu"}) is None  # asked for on purpose
+    assert dev.compute_device(paper, requested="cpu") == torch.device("cpu")
+    assert device_needs_problem({"device": "auto"}) is None  # the embedded profiles: the CPU is fine
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert device_needs_problem(paper) is None and device_needs_problem({**paper, "device": "cuda:0"}) is None

@@ -501,7 +501,7 @@ def test_hnclip_checker_flags_unknown_verbs_flags_choices_and_names():
             ("`hnclip cell table3a --dataset docci`", "hnclip cell: deprecated option --dataset"),
             ("`hnclip runs --tab table1`", "hnclip runs: unknown option --tab"),  # no abbreviations
             ("`hnclip lineage t.csv --profile tiny --cell x`", "hnclip lineage: unknown option --profile"),
-            ("`hnclip auxiliary masks --dataset docci`", "'masks' is not one of ['edges', 'segments']"),
+            ("`hnclip auxiliary masks --dataset docci`", "'masks' is not one of ['edges', 'segments', 'shard-count']"),
             ("`hnclip --profile huge validate`", "unknown profile 'huge'"),
             ("`hnclip table table99`", "unknown table 'table99'"),
             ("`python -m hnclip train --epochs 3`", "hnclip train: unknown option --epochs"),

@@ -1,6 +1,8 @@
 """Decoding in loader workers (execution.loader_workers) changes where images are decoded, never what
 trains or what is measured: the same micro-batches in the same order, the same weights and recalls.
-And the decoded-image cache is an LRU bounded in bytes (execution.image_cache_mb)."""
+Neither does the image cache (execution.image_cache), which decodes nothing at all. And the
+decoded-image cache is an LRU bounded in bytes (execution.image_cache_mb)."""
+import shutil
 from types import SimpleNamespace
 
 import pytest
@@ -8,6 +10,7 @@ import torch
 from helpers.training import EVALUATION, EXECUTION, SPEC, run_with_faults
 
 from hnclip.data.feeding import LoadFeed, image_batches
+from hnclip.data.image_cache import PixelTransform, write_image_cache
 from hnclip.data.loader import ImageCache, PairDataset
 from hnclip.evaluation.retrieval import encode_images
 from hnclip.models.factory import create
@@ -17,19 +20,25 @@ from hnclip.training.loop import TrainJob, train
 from hnclip.training.methods import Method
 
 
-def make_job(tiny_data, out, workers: int) -> TrainJob:
+def make_job(tiny_data, out, workers: int, image_cache: bool = False) -> TrainJob:
     return TrainJob(run_id="feeding-run", spec=SPEC, spec_hash="f" * 64, init_kind="scratch", init_path=None,
                     model_config="hnclip-tiny", train_manifest=tiny_data["train"],
                     eval_manifests={"docci": tiny_data["test"]}, out_dir=out / "run", checkpoint_dir=out / "ckpt",
-                    execution={**EXECUTION, "loader_workers": workers}, evaluation=EVALUATION)
+                    execution={**EXECUTION, "loader_workers": workers, "image_cache": image_cache},
+                    evaluation=EVALUATION)
+
+
+@pytest.fixture(scope="module")
+def inline(tiny_data, tmp_path_factory) -> dict:
+    """The training record of the reference run: no workers, no image cache."""
+    return train(make_job(tiny_data, tmp_path_factory.mktemp("w0"), 0))
 
 
 def r1(record: dict) -> list:
     return [(h["eval"]["docci"]["t2i"]["R@1"], h["eval"]["docci"]["i2t"]["R@1"]) for h in record["history"]]
 
 
-def test_two_loader_workers_train_to_the_same_weights_and_recalls_as_none(tiny_data, tmp_path):
-    inline = train(make_job(tiny_data, tmp_path / "w0", 0))
+def test_two_loader_workers_train_to_the_same_weights_and_recalls_as_none(tiny_data, tmp_path, inline):
     workers = train(make_job(tiny_data, tmp_path / "w2", 2))
     assert workers["optimizer_steps"] == inline["optimizer_steps"] == 6
     assert workers["final_weights_sha256"] == inline["final_weights_sha256"]
@@ -38,8 +47,8 @@ def test_two_loader_workers_train_to_the_same_weights_and_recalls_as_none(tiny_d
     assert [h["eval"] for h in workers["history"]] == [h["eval"] for h in inline["history"]]
 
 
-def test_a_run_killed_with_workers_resumes_mid_epoch_to_the_same_weights(tiny_data, tmp_path):
-    reference = train(make_job(tiny_data, tmp_path / "reference", 0))
+def test_a_run_killed_with_workers_resumes_mid_epoch_to_the_same_weights(tiny_data, tmp_path, inline):
+    reference = inline
     job = make_job(tiny_data, tmp_path / "killed", 2)
     proc = run_with_faults(job, {"kill_after_step": 5})   # its workers see their parent die and exit
     assert proc.returncode == -9, proc.stderr
@@ -47,6 +56,24 @@ def test_a_run_killed_with_workers_resumes_mid_epoch_to_the_same_weights(tiny_da
     assert resumed["resumed_from_step"] == 4
     assert resumed["final_weights_sha256"] == reference["final_weights_sha256"]
     assert r1(resumed) == r1(reference)
+
+
+def test_the_image_cache_trains_to_the_same_weights_and_recalls_and_decodes_nothing(tiny_data, tmp_path, inline):
+    """uint8 pixels from the memory-mapped cache, through two workers, normalized where the step runs: the
+    same weights and recalls as decoding. Without the cache each image is decoded once (the second epoch
+    and later evaluations decode none); with it, none is decoded."""
+    shutil.copytree(tiny_data["train"].parent, tmp_path / "docci")
+    data = {split: tmp_path / "docci" / path.name for split, path in tiny_data.items()}
+    transform = PixelTransform.from_preprocess(create("hnclip-tiny").preprocess)
+    for manifest in data.values():
+        write_image_cache(manifest, transform)
+    cached = train(make_job(data, tmp_path / "cached", 2, image_cache=True))
+    assert cached["final_weights_sha256"] == inline["final_weights_sha256"]
+    assert [h["eval"] for h in cached["history"]] == [h["eval"] for h in inline["history"]]
+    assert cached["initial_eval"] == inline["initial_eval"]
+    assert cached["training"]["image_cache"] is True and inline["training"]["image_cache"] is False
+    assert cached["training"]["images_decoded"] == {"train": 0, "eval": {"docci": 0}}
+    assert inline["training"]["images_decoded"] == {"train": 48, "eval": {"docci": 24}}  # 2 epochs, 3 evaluations
 
 
 class _Loads:

@@ -11,7 +11,7 @@ import yaml
 from helpers.micro_project import copy_project
 
 from hnclip.errors import UnknownNameError
-from hnclip.hashing import sha256_file
+from hnclip.hashing import json_sha256, sha256_file
 from hnclip.io import read_json
 from hnclip.provenance import audit_dvc
 from hnclip.provenance.audit import audit, main_audit
@@ -297,3 +297,12 @@ def test_without_dvc_the_lock_files_md5_are_still_checked(micro_project, tmp_pat
     mismatch, = audit(proj)
     assert (mismatch.artifact, mismatch.path) == ("dvc.lock", "Snakefile")
     assert mismatch.recorded_sha256.startswith("md5:") and mismatch.actual_sha256.startswith("md5:")
+
+
+def test_dvc_params_digest_reads_dotted_keys(tmp_path):
+    """dvc.lock names params by dotted path; the current value must be read at that path, not as a top-level key."""
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"profiles": {"tiny": {"recipe": {"lr": 2e-5}}}}))
+    lock = {"stages": {"paper": {"params": {"params.yaml": {"profiles.tiny.recipe": {"lr": 1e-5}}}}}}
+    found = audit_dvc._params_mismatch(tmp_path, "paper", "params.yaml", {"profiles.tiny.recipe": "modified"}, lock)
+    assert found.recorded_sha256 == json_sha256({"profiles.tiny.recipe": {"lr": 1e-5}})
+    assert found.actual_sha256 == json_sha256({"profiles.tiny.recipe": {"lr": 2e-5}})

@@ -7,9 +7,15 @@ import pytest
 import torch
 from helpers.training import EVALUATION, EXECUTION, SPEC, run_with_faults
 
+from hnclip.data.loader import PairDataset
+from hnclip.evaluation import retrieval
+from hnclip.models.factory import create
+from hnclip.runtime.out_of_memory import HalvingBatch
 from hnclip.training import loop, memory
+from hnclip.training import probe as probe_module
 from hnclip.training.faults import FAULTS_ENV, Faults
 from hnclip.training.loop import TrainJob, train
+from hnclip.training.probe import GradientProbe
 
 # micro-batch 8, 2 micro-batches a group: compute_batch 16 encodes a whole group per forward
 COMPUTE = {**EXECUTION, "compute_batch": 16}
@@ -114,3 +120,81 @@ def test_activation_checkpointing_reaches_both_towers_through_adapters():
     memory.set_activation_checkpointing(trained.module, True)
     flags = [m.grad_checkpointing for m in trained.module.modules() if hasattr(m, "resblocks")]
     assert len(flags) == 2 and all(flags)
+
+
+# ---- the same fallback beyond the training step: evaluation's encoding and the gradient probe ------------
+def failing_once_at(size: int, real):
+    """`real`, except that its first call on a batch of `size` items raises torch's out-of-memory error."""
+    calls = {"failed": 0}
+
+    def wrapped(model, batch, *args, **kwargs):
+        if len(batch) == size and not calls["failed"]:
+            calls["failed"] += 1
+            raise torch.OutOfMemoryError(f"out of memory (injected: {size} items)")
+        return real(model, batch, *args, **kwargs)
+    return wrapped, calls
+
+
+def test_halving_batch_halves_to_its_minimum_and_records_each_halving():
+    halving, log, sizes = HalvingBatch(16, minimum=4, what="pairs"), [], []
+
+    def attempt(size):
+        sizes.append(size)
+        if size > 4:
+            raise torch.OutOfMemoryError("out of memory")
+        return size
+    assert halving.run(attempt, "cpu", log.append) == 4 and sizes == [16, 8, 4]
+    assert halving.record() == {"what": "pairs", "requested": 16, "used": 4, "halvings": [[16, 8], [8, 4]]}
+    assert log[0] == "pairs: 16 ran out of memory; retrying with 8"
+    with pytest.raises(torch.OutOfMemoryError):  # at the minimum: the error itself
+        halving.run(lambda size: attempt(size + 1), "cpu", log.append)
+    with pytest.raises(ValueError, match="not memory"):  # any other error at once
+        HalvingBatch(8).run(lambda size: (_ for _ in ()).throw(ValueError("not memory")), "cpu")
+    assert HalvingBatch(8).record() is None
+
+
+@pytest.mark.parametrize("tower", ["encode_image", "encode_text"])
+def test_evaluation_halves_a_batch_that_runs_out_of_memory_with_the_same_recall(tiny_data, monkeypatch, tower):
+    torch.manual_seed(0)
+    backbone = create("hnclip-tiny")
+    data = PairDataset.from_manifest(tiny_data["test"], backbone.preprocess, backbone.tokenizer)
+    expected = retrieval.evaluate_model(backbone.model, data, [1, 5], "pessimistic", batch_size=len(data))
+    images, texts = retrieval.encode_images(backbone.model, data, len(data)), retrieval.encode_texts(
+        backbone.model, data, len(data))
+    failing, calls = failing_once_at(len(data), getattr(retrieval, tower))
+    monkeypatch.setattr(retrieval, tower, failing)
+    faulted = retrieval.evaluate_model(backbone.model, data, [1, 5], "pessimistic", batch_size=len(data))
+    assert calls["failed"] == 1
+    assert faulted.pop("memory_fallback") == {"what": "eval_batch_size", "requested": len(data),
+                                              "used": len(data) // 2, "halvings": [[len(data), len(data) // 2]]}
+    assert "memory_fallback" not in expected and faulted == expected  # Recall@K, ranks and ties
+    # the features themselves: each item's does not depend on its batch (up to float rounding)
+    halved = HalvingBatch(len(data), size=len(data) // 2)
+    assert torch.allclose(retrieval.encode_images(backbone.model, data, len(data), halving=halved), images, atol=1e-6)
+    assert torch.allclose(retrieval.encode_texts(backbone.model, data, len(data), halving=halved), texts, atol=1e-6)
+
+
+def test_the_probe_halves_its_pairs_per_forward_with_the_same_measurement(tiny_data, monkeypatch):
+    torch.manual_seed(0)
+    backbone = create("hnclip-tiny")
+    model = backbone.model.train()
+    data = PairDataset.from_manifest(tiny_data["train"], backbone.preprocess, backbone.tokenizer)
+    images, tokens = data.batch(range(4))
+    objective = {"framework": "full", "gamma": 0.5, "lambda_tok": 0.0, "g_source": "live"}
+    expected = GradientProbe.from_settings({"grad_probe_every": 1}, objective).measure(
+        model, list(model.parameters()), images, tokens)
+    failing, calls = failing_once_at(4, probe_module.encode_batch)
+    monkeypatch.setattr(probe_module, "encode_batch", failing)
+    probe = GradientProbe.from_settings({"grad_probe_every": 1}, objective)
+    faulted = probe.measure(model, list(model.parameters()), images, tokens)
+    assert calls["failed"] == 1 and all(p.grad is None for p in model.parameters())
+    assert faulted.pop("memory_fallback") == {"what": "probe pairs per forward", "requested": 4, "used": 2,
+                                              "halvings": [[4, 2]]}
+    assert faulted.keys() == expected.keys() and "memory_fallback" not in expected
+    for key, value in expected.items():  # the same sums in another order: equal up to float rounding
+        if isinstance(value, float):
+            assert faulted[key] == pytest.approx(value, rel=1e-5, abs=1e-9), key
+        else:
+            assert faulted[key] == value, key
+    again = probe.measure(model, list(model.parameters()), images, tokens, with_bf16=False)  # size kept
+    assert calls["failed"] == 1 and again["memory_fallback"]["used"] == 2 and again["memory_fallback"]["halvings"] == []

@@ -9,13 +9,18 @@ datasets of one Table 3a cell of the micro profile once, and runs three Snakemak
   profile's GPU, memory and CPU requests and its runtime (train and evaluate: the time limit their
   rules book from `hnclip plan`'s estimate);
 * `local`: `--cores 2` on the same params and data, the reference;
-* `failing`: the SLURM run of a project whose backbone resume checkpoint is broken (a directory),
-  with the CPU-only overrides a cluster without GPUs would use: pretraining raises inside its job.
+* `failing`: the SLURM run of a project whose pretraining manifest is broken (a row without fields),
+  with the CPU-only overrides a cluster without GPUs would use: pretraining raises inside its job;
+* `limited`: the SLURM run of the training run under a partition limit half its booked time limit
+  (`planning.partition_limit`): it trains in two allocations of one epoch each (`train_part`, then
+  `train`), and its last allocation is cancelled with `scancel` while it runs; the retry resumes from
+  the checkpoint, and no allocation is booked over the limit.
 
 Running them side by side keeps the file's cost near that of the SLURM run alone, which is bound by
 the executor's status polling (first check after 5 s, then every 10 s longer until a job ends).
 If the SLURM packages cannot be installed, the tests fail with the reason; they are never skipped.
 """
+import copy
 import json
 import os
 import re
@@ -23,6 +28,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -47,14 +53,15 @@ TABLE = "table3a"
 TABLE_CSV = f"results/tables/{TABLE}.csv"
 BACKBONE = "tiny_pretrained"
 DATASETS = ("docci", "pretrain")  # what Table 3a's DOCCI cell is trained and pretrained on
-GPU_RULES = ("train", "pretrain_backbone", "evaluate", "caption_stats", "auxiliary_segments",  # segments: SAM + CLIP
-             "step_timing")
+GPU_RULES = ("train", "train_part", "pretrain_backbone", "evaluate", "caption_stats", "step_timing",
+             "auxiliary_segments_shard")  # a shard of segments: SAM + CLIP
 RUN_TIMEOUT_S = 900
 # What the test cluster lacks compared with a production one: no slurmdbd, so no sacct.
 TEST_CLUSTER_FLAGS = ["--slurm-status-command", "squeue", "--slurm-init-seconds-before-status-checks", "5",
                       "--default-resources", "slurm_partition=debug"]
 # Float reductions depend on the thread count: pin pretraining to the local run's 2 threads.
 SAME_THREADS_AS_LOCAL = ["--set-threads", "pretrain_backbone=2"]
+LIMIT_MIN = 10  # the `limited` project's partition limit: one epoch's booked time fits, the run's does not
 # A cluster without GPUs: `--set-resources` replaces the profile's whole set-resources key.
 CPU_ONLY_RESOURCES = ["pretrain_backbone:gpu=0", "pretrain_backbone:gpu_model=''", "pretrain_backbone:mem_mb=1000",
                       "pretrain_backbone:runtime=10", "pretrain_backbone:cpus_per_task=1"]
@@ -76,7 +83,7 @@ def one_table_params() -> dict:
     params = micro_params()
     tiny = params["profiles"]["tiny"]
     tiny["datasets"]["docci"]["sizes"] = {"train": 32, "test": 16}
-    tiny["recipe"].update(epochs=1)
+    tiny["recipe"].update(epochs=2)  # two: a run the partition limit can split into allocations of an epoch
     params["backbones"][BACKBONE]["pretrain"].update(sizes={"train": 64, "test": 16})
     params["tables"] = {TABLE: params["tables"][TABLE]}
     params["tables"][TABLE]["vary"]["gamma"] = [0.5]
@@ -84,6 +91,18 @@ def one_table_params() -> dict:
     if "figures" in params:
         params["figures"] = {k: f for k, f in params["figures"].items() if tables_named(f) <= {TABLE}}
     return params
+
+
+def limited_params(params: dict) -> dict:
+    """`params` under a partition limit that one epoch of the training run fits and the whole run does not:
+    no start-up allowance, and a safety factor that books one epoch at 0.8 x LIMIT_MIN (the run: twice that)."""
+    limited = copy.deepcopy(params)
+    planning = limited["planning"] = {**limited.get("planning", {}), "startup_min": 0, "safety_factor": 1,
+                                      "partition_limit": None}
+    (train,) = [job for job in build_plan(Registry(limited)).jobs.values() if job.rule == "train"]
+    planning["safety_factor"] = 0.8 * LIMIT_MIN * train.epochs / (train.hours * 60)
+    planning["partition_limit"] = LIMIT_MIN
+    return limited
 
 
 def make_project(path: Path, params: dict) -> Path:
@@ -105,12 +124,12 @@ def generate_datasets(project: Path, env: dict) -> None:
         assert proc.wait() == 0, f"hnclip data {role} failed:\n{proc.stderr.read()}"
 
 
-def break_backbone_checkpoint(project: Path) -> Path:
-    """A directory where pretraining's resume checkpoint goes (.cache/checkpoints/<run>/last.pt, the
-    run named by hnclip.training.jobs.pretrain_job): the DAG is fine, and the job raises as it tries to resume,
-    before any training step. (chmod would not do: the jobs run as root.)"""
-    broken = project / paths.checkpoint_dir(f"backbone-{BACKBONE}") / "last.pt"
-    broken.mkdir(parents=True)
+def break_pretraining_manifest(project: Path) -> Path:
+    """The pretraining corpus's training manifest with a row that lacks its fields: the DAG is fine (the
+    rule's input is the dataset's marker), and the job raises as it reads the manifest, before any training
+    step. (A broken resume checkpoint would not do: a run whose checkpoint does not load trains afresh.)"""
+    broken = project / paths.manifest(one_table_params()["profiles"]["tiny"]["data_root"], "pretrain", "train")
+    broken.write_text('{"id": "broken"}\n')
     return broken
 
 
@@ -133,6 +152,32 @@ class Snakemake:
             self.proc.wait(timeout=30)
             rc = None
         return rc, self.out_path.read_text()
+
+
+class Canceller(threading.Thread):
+    """Cancels (`scancel`) the first job of `rule` that runs in `project`, once it has run `after_s` seconds."""
+
+    def __init__(self, project: Path, rule: str, env: dict, after_s: float = 2.0):
+        super().__init__(daemon=True)
+        self.project, self.rule, self.env, self.after_s = project, rule, env, after_s
+        self.cancelled: list[str] = []
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        seen: dict[str, float] = {}
+        while not self.done.is_set():
+            queue = subprocess.run(["squeue", "-h", "-o", "%i|%T|%k|%Z"], env=self.env, capture_output=True,
+                                   text=True).stdout
+            for line in queue.splitlines():
+                job_id, state, comment, workdir = line.split("|", 3)
+                if (state == "RUNNING" and comment.startswith(f"rule_{self.rule}_wildcards")
+                        and Path(workdir).resolve() == self.project.resolve()):
+                    seen.setdefault(job_id, time.monotonic())
+                    if time.monotonic() - seen[job_id] >= self.after_s:
+                        subprocess.run(["scancel", job_id], env=self.env, check=True)
+                        self.cancelled.append(job_id)
+                        return
+            time.sleep(0.25)
 
 
 def tail(text: str, chars: int = 6000) -> str:
@@ -205,12 +250,13 @@ def runs(cluster, tmp_path_factory):
     root = tmp_path_factory.mktemp("slurm-projects")
     params = one_table_params()
     local, slurm, failing = (make_project(root / name, params) for name in ("local", "slurm", "failing"))
+    limited = make_project(root / "limited", limited_params(params))
     env = cluster.env({**os.environ, "PATH": f"{VENV_BIN}:{os.environ['PATH']}"})
     started = time.monotonic()
     generate_datasets(slurm, env)
-    for project in (local, failing):
+    for project in (local, failing, limited):
         shutil.copytree(slurm / "data", project / "data")  # mtimes kept: Snakemake sees them up to date
-    broken = break_backbone_checkpoint(failing)
+    broken = break_pretraining_manifest(failing)
     profile = ["--profile", str(PROFILE.parent), *TEST_CLUSTER_FLAGS, *SAME_THREADS_AS_LOCAL]
     procs = {
         "slurm": Snakemake(slurm, [*profile, "--", TABLE_CSV], env),
@@ -218,11 +264,16 @@ def runs(cluster, tmp_path_factory):
         "local": Snakemake(local, ["--cores", "2", TABLE_CSV], env, niceness=10),
         "failing": Snakemake(failing, [*profile, "--retries", "0", "--set-resources", *CPU_ONLY_RESOURCES,
                                        "--", f"results/backbones/{BACKBONE}/model.pt"], env),
+        # The run's record only: what the partition limit and the cancellation could change is its training.
+        "limited": Snakemake(limited, [*profile, "--", *map(str, map(paths.run_record, Registry(params).runs()))], env),
     }
+    canceller = Canceller(limited, "train", env, after_s=1.0)  # the run's last allocation (not a `train_part`)
+    canceller.start()
     deadline = started + RUN_TIMEOUT_S
     results = {name: (proc.project, *proc.wait(deadline)) for name, proc in procs.items()}
+    canceller.done.set()
     print(f"SLURM test runs took {time.monotonic() - started:.0f}s")
-    return {"env": env, "broken_checkpoint": broken, **results}
+    return {"env": env, "broken_manifest": broken, "cancelled": canceller.cancelled, **results}
 
 
 # ---- tests --------------------------------------------------------------------------------------
@@ -251,7 +302,7 @@ def test_profile_books_the_plans_memory_for_the_paper_profile(params):
     planned = build_plan(Registry(params, profile="paper")).host_mem_mb()
     booked = profile_resources()
     assert {rule: booked[rule]["mem_mb"] for rule in planned} == planned == {
-        "train": 27000, "evaluate": 12000, "caption_stats": 12000}
+        "train": 33000, "evaluate": 18000, "caption_stats": 12000}   # train, evaluate: + 8 loader workers
 
 
 def test_missing_packages_without_apt_is_an_error_with_the_reason(monkeypatch):
@@ -281,7 +332,7 @@ def test_slurm_jobs_got_the_profiles_requests(runs):
     assert {rule: len(ids) for rule, ids in jobs.items()} == {
         "pretrain_backbone": 1, "train": 1, "evaluate": 1, "table": 1}
     wanted = profile_resources()
-    planned = planned_limits(one_table_params(), ("train", "evaluate"))
+    planned = planned_limits(one_table_params(), ("train", "evaluate", "pretrain_backbone"))
     for rule, submissions in jobs.items():
         for job_id, log in submissions:
             job = slurm_job(job_id, runs["env"])
@@ -290,7 +341,8 @@ def test_slurm_jobs_got_the_profiles_requests(runs):
             assert minutes(job["TimeLimit"]) == wanted[rule].get("runtime", planned.get(rule)), (rule, job["TimeLimit"])
             assert megabytes(job["MinMemoryNode"]) == wanted[rule]["mem_mb"], (rule, job["MinMemoryNode"])
             assert int(job["NumCPUs"]) == wanted[rule]["cpus_per_task"], (rule, job["NumCPUs"])
-            gpu = f"gres:gpu:{wanted[rule]['gpu_model']}:{wanted[rule]['gpu']}" if rule in GPU_RULES else None
+            typed = f"{wanted[rule]['gpu_model']}:" if wanted[rule].get("gpu_model") else ""  # none unless set
+            gpu = f"gres:gpu:{typed}{wanted[rule]['gpu']}" if rule in GPU_RULES else None
             assert job.get("TresPerJob") == gpu, (rule, job.get("TresPerJob"))
 
 
@@ -303,10 +355,34 @@ def test_failing_job_is_reported_with_its_logs(runs):
     slurm_log = re.search(r"\S+/logs/slurm/rule_pretrain_backbone/\S+\.log", out)
     assert rule_log in out and slurm_log, tail(out)
     # The command's log holds the exception: it ran and failed inside the SLURM job.
-    assert str(runs["broken_checkpoint"].relative_to(failing)) in (failing / rule_log).read_text()
+    assert str(runs["broken_manifest"].relative_to(failing)) in (failing / rule_log).read_text()
     assert Path(slurm_log.group(0)).exists()
     (job_id, _), = submitted_jobs(out)["pretrain_backbone"]
     job = slurm_job(job_id, runs["env"])
     assert job["JobState"] == "FAILED" and job["ExitCode"] != "0:0"
     assert "TresPerJob" not in job and megabytes(job["MinMemoryNode"]) == 1000  # the CPU-only override
     assert not (failing / f"results/backbones/{BACKBONE}/model.pt").exists()
+
+
+def test_a_run_over_the_partition_limit_trains_in_allocations_within_it_and_survives_scancel(runs):
+    """No allocation over the partition limit: the run is booked as two one-epoch allocations (its whole
+    limit is twice the partition's); its last allocation, cancelled while it ran, is resubmitted and resumes
+    from the first's checkpoint; and the weights are the unconstrained run's, bit for bit."""
+    limited, rc, out = runs["limited"]
+    slurm, slurm_rc, slurm_out = runs["slurm"]
+    assert rc == 0 and slurm_rc == 0, tail(out) + tail(slurm_out)
+    (run,) = Registry(one_table_params()).runs()
+    unconstrained = build_plan(Registry({**limited_params(one_table_params()), "planning": {
+        **limited_params(one_table_params())["planning"], "partition_limit": None}}))
+    assert unconstrained.time_limit_min(f"train:{run}") == 2 * LIMIT_MIN  # the run alone would need twice the limit
+    jobs = submitted_jobs(out)
+    assert {rule: len(ids) for rule, ids in jobs.items()} == {"pretrain_backbone": 1, "train_part": 1, "train": 2}
+    for rule, submissions in jobs.items():
+        for job_id, _ in submissions:
+            job = slurm_job(job_id, runs["env"])
+            assert minutes(job["TimeLimit"]) <= LIMIT_MIN, (rule, job["TimeLimit"])
+            assert job["JobState"] == ("CANCELLED" if job_id in runs["cancelled"] else "COMPLETED"), (rule, job)
+    assert runs["cancelled"] == [jobs["train"][0][0]]  # the last allocation's first submission
+    record = run_record(limited, str(paths.run_record(run)))
+    assert record["training"]["resume"] is not None and [entry["epoch"] for entry in record["history"]][-1] == 2
+    assert record["final_weights_sha256"] == run_record(slurm, str(paths.run_record(run)))["final_weights_sha256"]

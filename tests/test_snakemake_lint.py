@@ -34,7 +34,7 @@ def lint_items(output: str) -> list[tuple[str, str, str]]:
 
 def workflow_rules() -> set[str]:
     files = [ROOT / "Snakefile", *sorted((ROOT / "workflow" / "rules").glob("*.smk"))]
-    return {name for path in files for name in re.findall(r"^rule (\w+):", path.read_text(), re.M)}
+    return {name for path in files for name in re.findall(r"^(?:rule|checkpoint) (\w+):", path.read_text(), re.M)}
 
 
 def test_lint_reports_only_the_per_rule_software_note():

@@ -1,6 +1,8 @@
 """The claims' tie tolerance (hnclip.claims.tie): one formula, no hand values in claims.yaml."""
 import math
+from statistics import NormalDist
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -11,11 +13,76 @@ from hnclip.claims.definitions import claim_definitions
 MODEL = T.TieModel({"docci": 5100, "urban1k": 1000}, correlation=0.8, seed_sd=0.5, seed_source="test")
 
 
+def _exact_paired_variance(p: float, rho: float) -> float:
+    """Var(X − Y) of two Bernoulli(p) hits {Z_1 < h}, {Z_2 < h}, (Z_1, Z_2) standard normal with correlation
+    rho: X − Y has mean 0 and is ±1 exactly when the hits differ, so Var = P(X ≠ Y) = 2 (p − P(both)), with
+    P(both) = ∫_{x<h} φ(x) Φ((h − rho x) / sqrt(1 − rho²)) dx (a fine grid; not the module's formula)."""
+    h = NormalDist().inv_cdf(p)
+    x = np.linspace(-9.0, h, 200_001)
+    cdf = np.vectorize(NormalDist().cdf)((h - rho * x) / math.sqrt(1 - rho ** 2))
+    density = np.exp(-x ** 2 / 2) / math.sqrt(2 * math.pi)
+    both = np.trapezoid(density * cdf, x) if hasattr(np, "trapezoid") else np.trapz(density * cdf, x)
+    return 2 * (p - both)
+
+
+@pytest.mark.parametrize("p", [0.5, 0.8, 0.9])
+def test_the_query_term_is_the_exact_variance_of_a_paired_difference_of_hits(p):
+    rho, n = 0.868, 1999
+    model = T.TieModel({"dci": n}, correlation=rho, seed_sd=0.0, seed_source="test")
+    exact = _exact_paired_variance(p, rho)
+    assert model.query_variance(n, p) == pytest.approx(1e4 * exact / n, rel=1e-4)
+    assert model.standard_error(n, p) == pytest.approx(100 * math.sqrt(exact / n), rel=1e-4)
+    # the formula before, 2 · 0.25 · (1 − rho) (the latent correlation, p = 0.5), understated it 2.5x at p = 0.5,
+    # 1.7x at 0.8 and 1.1x at 0.9
+    assert exact / (2 * 0.25 * (1 - rho)) == pytest.approx({0.5: 2.50, 0.8: 1.75, 0.9: 1.08}[p], abs=0.01)
+
+
+def test_the_hit_correlation_at_one_half_is_sheppards():
+    for rho in (0.0, 0.5, 0.868, 0.95):
+        assert T.hit_correlation(0.5, rho) == pytest.approx(2 / math.pi * math.asin(rho), abs=1e-9)
+    assert T.hit_correlation(0.9, 0.868) < T.hit_correlation(0.5, 0.868)  # rarer misses correlate less
+
+
 def test_the_formula():
-    # 100² · 2 · 0.25 · 0.2 / 1000 = 1.0 (query term) and 2 · 0.25 = 0.5 (seed term)
-    assert MODEL.standard_error(1000) == pytest.approx(math.sqrt(1.5))
-    claim = {"claim_id": "x", "statistic": {"contrast": {"columns": {"benchmarks": ["docci", "urban1k"]}}}}
-    assert MODEL.tie(claim) == pytest.approx(T.Z_TIE * math.sqrt(1.5))  # the smallest test set decides
+    # p = 0.5: phi = (2/π) asin(0.8) = 0.5903; 100² · 2 · 0.25 · (1 − phi) / 1000 = 2.0485, seed term 2 · 0.25
+    phi = 2 / math.pi * math.asin(0.8)
+    assert MODEL.standard_error(1000) == pytest.approx(math.sqrt(1e4 * 0.5 * (1 - phi) / 1000 + 0.5))
+    claim = {"claim_id": "x", "statistic": {"contrast": {"table": "none", "pairs": [],
+                                                         "columns": {"benchmarks": ["docci", "urban1k"],
+                                                                     "directions": ["t2i"], "metrics": ["R@1"]}}}}
+    ties = MODEL.column_ties(claim["statistic"]["contrast"])
+    assert ties == {"docci/t2i/R@1": pytest.approx(T.Z_TIE * MODEL.standard_error(5100)),
+                    "urban1k/t2i/R@1": pytest.approx(T.Z_TIE * MODEL.standard_error(1000))}
+    assert MODEL.tie(claim) == pytest.approx(T.Z_TIE * MODEL.standard_error(1000))  # the claim's: its largest
+
+
+def test_a_mean_column_averages_its_cells_query_terms_and_keeps_the_whole_seed_term():
+    both = MODEL.column_standard_error([("docci", 0.5), ("urban1k", 0.5)])
+    query = (MODEL.query_variance(5100) + MODEL.query_variance(1000)) / 4
+    assert both == pytest.approx(math.sqrt(query + 2 * 0.5 ** 2))
+
+
+def test_each_item_gets_its_own_columns_tie():
+    """A count over items of different test sets counts each against its own tie, not the smallest set's."""
+    claim = yaml.safe_load("""
+claim_id: c
+statistic: {contrast: {table: table1, pairs: [[hn_clip, goal]],
+                       columns: {benchmarks: [docci, urban1k], directions: [t2i], metrics: [R@1]}},
+            reduce: count_positive, tolerance: tie}
+decision: {op: ">=", threshold: 2}
+""")
+    model = T.paper_model(0.868)
+    out = T.resolved(claim, model)
+    ties = out["statistic"]["contrast"]["item_ties"]
+    assert ties["docci/t2i/R@1"] < ties["urban1k/t2i/R@1"] == pytest.approx(out["tie"])
+
+
+def test_the_seed_sds_interval_from_six_pairs():
+    model = T.paper_model(0.868)
+    low, high = model.seed_sd_interval()
+    assert model.seed_pairs == 6
+    # chi-square with 6 degrees of freedom: sd · sqrt(6 / 14.45) and sd · sqrt(6 / 1.237)
+    assert (low, high) == (pytest.approx(0.3907 * 0.644, abs=0.005), pytest.approx(0.3907 * 2.202, abs=0.01))
 
 
 @pytest.mark.parametrize("text, value", [("tie", 2.0), ("-tie", -2.0), ("0.4 + tie", 2.4), ("3.51 - tie", 1.51),
@@ -38,7 +105,7 @@ statistic: {contrast: {table: t, pairs: [[a, b]], columns: {benchmarks: [urban1k
 decision: {op: between, low: -tie, high: 0.4 + tie}
 """)
     out = T.resolved(claim, MODEL)
-    tie = T.Z_TIE * math.sqrt(1.5)
+    tie = T.Z_TIE * MODEL.standard_error(1000)  # a table the paper does not print: p = 0.5
     assert out["tie"] == pytest.approx(tie) and out["statistic"]["tolerance"] == pytest.approx(tie)
     assert out["decision"] == {"op": "between", "low": pytest.approx(-tie), "high": pytest.approx(0.4 + tie)}
     assert claim["statistic"]["tolerance"] == "tie"  # the definition itself is unchanged

@@ -84,3 +84,69 @@ def test_short_batches_are_trimmed_and_still_match(model, tokens):
                                atol=TOL, rtol=0)
     alone = torch.cat([encode_text(model, short[i:i + 1]) for i in range(3)])  # each trimmed to its own length
     torch.testing.assert_close(alone, encode_text(model, short), atol=TOL, rtol=0)
+
+
+def test_training_forward_uses_the_causal_flag_and_equals_the_masked_one(model, tokens, monkeypatch):
+    """With gradients on (where nn.MultiheadAttention takes no fast path), the text tower hands SDPA
+    is_causal=True and no mask; features and every parameter's gradient equal those of open_clip's own
+    float-mask forward (`model.encode_text`) within fp32 tolerance, for captions of every length."""
+    model.train()
+    try:
+        calls = []
+        sdpa = F.scaled_dot_product_attention
+
+        def spy(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, **kwargs):
+            calls.append((attn_mask, is_causal))
+            return sdpa(query, key, value, attn_mask, dropout_p, is_causal, **kwargs)
+
+        monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+        pooled, token_features, _ = encode_text(model, tokens, with_tokens=True)
+        causal_calls = list(calls)
+        weights = torch.linspace(-1, 1, token_features.shape[-1])
+        grads = torch.autograd.grad(pooled.sum() + (token_features * weights).mean(),
+                                    list(model.transformer.parameters()))
+        calls.clear()
+        reference = F.normalize(model.encode_text(tokens), dim=-1)
+        assert calls and all(mask is not None and not causal for mask, causal in calls)  # today's path: a float mask
+        assert len(causal_calls) == len(model.transformer.resblocks)
+        assert all(mask is None and causal for mask, causal in causal_calls)
+        torch.testing.assert_close(pooled, reference, atol=TOL, rtol=0)
+        # today's token features: the transformer with the float mask on the trimmed input
+        length = token_features.shape[1]
+        x = model.token_embedding(tokens[:, :length]) + model.positional_embedding[:length]
+        hidden = model.transformer(x, attn_mask=model.attn_mask[:length, :length])
+        masked = model.ln_final(hidden) @ model.text_projection
+        torch.testing.assert_close(token_features, masked, atol=TOL, rtol=0)
+        reference_pooled = F.normalize(masked[torch.arange(len(tokens)), tokens.argmax(-1)], dim=-1)
+        reference_grads = torch.autograd.grad(reference_pooled.sum() + (masked * weights).mean(),
+                                              list(model.transformer.parameters()))
+        for grad, reference_grad in zip(grads, reference_grads, strict=True):
+            torch.testing.assert_close(grad, reference_grad, atol=1e-4, rtol=1e-4)
+    finally:
+        model.eval()
+
+
+def test_custom_blocks_keep_the_float_mask():
+    """Adapter runs rebuild the towers with open_clip's custom blocks, whose attention takes no causal
+    flag: they run with the float mask, and `uses_causal_flag` says so."""
+    from hnclip.models.towers import uses_causal_flag
+    custom = build_clip(OpenAIArchitecture(
+        embed_dim=16, image_size=28, patch_size=14, vision_width=32, vision_layers=1, vision_heads=2,
+        vision_mlp_ratio=4.0, context_length=CONTEXT_LENGTH, vocab_size=49408, text_width=32, text_layers=1,
+        text_heads=2, text_mlp_ratio=4.0), quick_gelu=True, block_type="custom")
+    assert not uses_causal_flag(custom.transformer)
+    assert uses_causal_flag(vit_l_like().transformer)
+
+
+def test_compiled_towers_keep_their_state_dict_and_outputs(tokens):
+    """`compile_towers` (execution.compile) compiles in place: the same state-dict keys, the same text
+    features (traced here with torch.compile's eager backend, text only to keep the test short; the inductor
+    backend on both towers is measured by benchmarks/gpu_check.sh)."""
+    from hnclip.models.towers import COMPILED_BLOCK, compile_towers
+    model = salient_positions(create("hnclip-tiny").model).train()
+    keys = list(model.state_dict())
+    expected = encode_text(model, tokens[:3])
+    compile_towers(model, backend="eager")
+    assert list(model.state_dict()) == keys and hasattr(model, COMPILED_BLOCK)
+    assert hasattr(model.visual, "_compiled_call_impl")  # nn.Module.compile's in-place wrapper
+    torch.testing.assert_close(encode_text(model, tokens[:3]), expected, atol=TOL, rtol=0)

@@ -1,6 +1,9 @@
-"""Training loop: resume after a SIGKILL reaches the same weights; NaN stops with the checkpoint kept."""
+"""Training loop: resume after a SIGKILL reaches the same weights (from the checkpoint before the newest
+when the newest does not load); a run trained in parts (--until-epoch) too; NaN stops with the checkpoint
+kept."""
 import json
 import math
+import shutil
 
 import pytest
 import torch
@@ -27,15 +30,21 @@ def test_schedule_and_batches_are_deterministic():
     assert [len(b) for b in a] == [16, 16, 16]  # incomplete tail dropped
 
 
-def test_killed_run_resumes_to_identical_result(tiny_data, tmp_path, monkeypatch):
-    import hnclip.training.loop as loop
-    saved_at, real_save = [], loop.save_checkpoint
-    monkeypatch.setattr(loop, "save_checkpoint",
-                        lambda *args: saved_at.append(args[-1].step) or real_save(*args))
-    reference = train(make_job(tiny_data, tmp_path / "uninterrupted"))
+@pytest.fixture(scope="module")
+def reference(tiny_data, tmp_path_factory) -> dict:
+    """An uninterrupted run's record, with the optimizer steps its checkpoints were written at."""
+    import hnclip.training.checkpoint as checkpoint
+    saved_at, real_write = [], checkpoint.write_checkpoint
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(checkpoint, "write_checkpoint", lambda directory, payload:
+                      saved_at.append(payload["state"]["step"]) or real_write(directory, payload))
+        record = train(make_job(tiny_data, tmp_path_factory.mktemp("uninterrupted")))
+    return {**record, "saved_at": saved_at}
+
+
+def test_killed_run_resumes_to_identical_result(tiny_data, tmp_path, reference):
     assert reference["optimizer_steps"] == 6  # 48 pairs / 8 = 6 micro-batches / 2 = 3 steps, 2 epochs
-    assert saved_at == [2, 3, 4, 6]  # every 2 steps and at each epoch's end, which step 6 is: written once
-    monkeypatch.undo()
+    assert reference["saved_at"] == [2, 3, 4, 6]  # every 2 steps and at each epoch's end, which step 6 is: written once
 
     job = make_job(tiny_data, tmp_path / "killed")
     proc = run_with_faults(job, {"kill_after_step": 5})
@@ -44,11 +53,41 @@ def test_killed_run_resumes_to_identical_result(tiny_data, tmp_path, monkeypatch
     saved = torch.load(job.checkpoint_dir / "last.pt", weights_only=True)["state"]
     assert saved["step"] == 4  # checkpoints every 2 steps: step 5 is lost and replayed
 
+    assert torch.load(job.checkpoint_dir / "previous.pt", weights_only=True)["state"]["step"] == 3
+    shutil.copytree(job.checkpoint_dir, tmp_path / "truncated")
+
     resumed = train(job)
     assert resumed["resumed_from_step"] == 4
+    assert resumed["training"]["resume"] == {"checkpoint": "last.pt", "step": 4, "failed": []}
     assert resumed["final_weights_sha256"] == reference["final_weights_sha256"]
     assert resumed["history"][-1]["eval"] == reference["history"][-1]["eval"]
     assert [h["weights_sha256"] for h in resumed["history"]] == [h["weights_sha256"] for h in reference["history"]]
+
+    # the newest checkpoint cut short (a crash of the disk, not of the write): the one before is resumed
+    job.checkpoint_dir, job.out_dir = tmp_path / "truncated", tmp_path / "truncated_run"
+    newest = job.checkpoint_dir / "last.pt"
+    newest.write_bytes(newest.read_bytes()[:4096])
+    (job.checkpoint_dir / ".last.pt.x1y2z3.part").write_bytes(b"a save killed half-way")
+    fallback = train(job)
+    assert fallback["resumed_from_step"] == 3  # previous.pt: the end of epoch 1
+    assert fallback["training"]["resume"]["checkpoint"] == "previous.pt"
+    assert fallback["training"]["resume"]["failed"][0].startswith("last.pt: ")
+    assert fallback["final_weights_sha256"] == reference["final_weights_sha256"]
+
+
+def test_a_run_trained_in_parts_until_each_epoch_reaches_the_same_weights(tiny_data, tmp_path, reference):
+    job = make_job(tiny_data, tmp_path / "parts")
+    job.until_epoch = 1
+    part = train(job)
+    assert part["finished"] is False and (part["epochs_done"], part["optimizer_steps"]) == (1, 3)
+    assert not job.out_dir.exists()  # no outputs before the last epoch
+    assert torch.load(job.checkpoint_dir / "last.pt", weights_only=True)["state"]["epoch"] == 1
+    assert train(job)["optimizer_steps"] == 3  # already through epoch 1: nothing to train
+    job.until_epoch = 2  # the last epoch: the run finishes and writes its outputs
+    final = train(job)
+    assert final["resumed_from_step"] == 3 and final["optimizer_steps"] == 6
+    assert [h["weights_sha256"] for h in final["history"]] == [h["weights_sha256"] for h in reference["history"]]
+    assert (job.out_dir / "model.pt").exists() and not job.checkpoint_dir.exists()
 
 
 def test_a_finished_run_rerun_to_probe_its_gradients_trains_again_and_probes(tiny_data, tmp_path, capsys):

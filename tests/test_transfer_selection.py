@@ -88,7 +88,8 @@ def test_keep_resume_checkpoints_keeps_the_resume_area(tiny_data, tmp_path, monk
     record = train_and_read(job)
     epoch = record["selected_checkpoint"]["epoch"]
     # keep_epoch_weights is off: the resume area holds the selected epoch's weights, not every epoch's
-    assert sorted(p.name for p in job.checkpoint_dir.glob("*.pt")) == ["last.pt", f"selected_epoch_{epoch:02d}.pt"]
+    assert sorted(p.name for p in job.checkpoint_dir.glob("*.pt")) == ["last.pt", "previous.pt",
+                                                                       f"selected_epoch_{epoch:02d}.pt"]
 
 
 def test_retention_keeps_the_epoch_weights_asked_for(tiny_data, tmp_path, monkeypatch):

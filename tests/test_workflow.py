@@ -308,7 +308,7 @@ def dry_run_jobs(text: str) -> list[dict]:
     """The jobs of `snakemake -n` output: {"rule", and each `key: value` line of its block}."""
     jobs = []
     for line in text.splitlines():
-        header = re.match(r"^(?:local)?rule (\w+):$", line)
+        header = re.match(r"^(?:local)?(?:rule|checkpoint) (\w+):$", line)
         if header:
             jobs.append({"rule": header.group(1)})
         elif jobs and (field := re.match(r"^    (\w+): (.*)$", line)):
@@ -338,7 +338,7 @@ def slurm_resources() -> dict[str, dict]:
 
 def test_every_rule_writes_a_benchmark_file_that_git_ignores(dry_runs):
     blocks = {m.group(1): m.group(2) for smk in sorted((ROOT / "workflow" / "rules").glob("*.smk"))
-              for m in re.finditer(r"^rule (\w+):\n(.*?)(?=^\S|\Z)", smk.read_text(), re.M | re.S)}
+              for m in re.finditer(r"^(?:rule|checkpoint) (\w+):\n(.*?)(?=^\S|\Z)", smk.read_text(), re.M | re.S)}
     missing = sorted(rule for rule, body in blocks.items() if not re.search(r"^    benchmark:", body, re.M))
     assert blocks and not missing, f"rules without a benchmark: directive: {missing}"
     jobs = [job for profile_jobs in dry_runs.values() for job in profile_jobs if job["rule"] != "all"]

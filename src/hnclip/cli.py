@@ -63,14 +63,34 @@ def cmd_subsets(args) -> int:
 
 
 def cmd_auxiliary(args) -> int:
-    from hnclip.commands.auxiliary import build_auxiliary
-    print(f"wrote {build_auxiliary(_registry(args), args.dataset, args.kind)}")
+    from hnclip.commands.auxiliary import auxiliary_shard_count, build_auxiliary
+    if args.kind == "shard-count":
+        print(auxiliary_shard_count(_registry(args), args.dataset, args.of or "segments"))
+        return 0
+    reg = _registry(args)
+    if args.kind == "segments" and not args.gather:  # SAM and the matcher; a gather only reads the shards
+        _gpu_job(reg)
+    print(f"wrote {build_auxiliary(reg, args.dataset, args.kind, args.shard, args.gather)}")
     return 0
+
+
+def cmd_image_cache(args) -> int:
+    from hnclip.commands.image_cache import build_image_cache
+    print(f"wrote {build_image_cache(_registry(args), args.dataset, args.split)}")
+    return 0
+
+
+def _gpu_job(reg: Registry) -> Registry:
+    """`reg`, for a job that computes on the profile's device: where the profile requires an accelerator and
+    none answers, the job refuses to start (hnclip.runtime.device.require_device_needs)."""
+    from hnclip.runtime.device import require_device_needs
+    require_device_needs(reg.profile["execution"])
+    return reg
 
 
 def cmd_pretrain(args) -> int:
     from hnclip.commands.train import pretrain_backbone
-    record = pretrain_backbone(_registry(args), args.backbone)
+    record = pretrain_backbone(_gpu_job(_registry(args)), args.backbone)
     final = {name: {d: m[d]["R@1"] for d in ("t2i", "i2t")} for name, m in record["history"][-1]["eval"].items()}
     print(f"pretrained {record['run_id']} (final epoch R@1: {final})")
     return 0
@@ -78,7 +98,11 @@ def cmd_pretrain(args) -> int:
 
 def cmd_train(args) -> int:
     from hnclip.commands.train import train_run
-    record = train_run(_registry(args), args.run)
+    record = train_run(_gpu_job(_registry(args)), args.run, args.until_epoch)
+    if record.get("finished") is False:
+        print(f"trained {args.run} through epoch {record['epochs_done']} ({record['optimizer_steps']} steps); "
+              f"its checkpoint is committed: rerun to continue")
+        return 0
     print(f"trained {args.run}: {record['optimizer_steps']} steps in {record['wall_time_s']:.1f}s")
     return 0
 
@@ -87,13 +111,17 @@ def cmd_evaluate(args) -> int:
     from hnclip.commands.evaluate import (
         evaluate_run,  # takes a GPU slot only when it has to encode
     )
-    print(f"wrote {evaluate_run(_registry(args), args.run, args.benchmark)}")
+    from hnclip.plan.estimates import evaluation_encodes
+    reg = _registry(args)
+    if evaluation_encodes(reg, args.run, args.benchmark):  # else it selects from the training record
+        _gpu_job(reg)
+    print(f"wrote {evaluate_run(reg, args.run, args.benchmark)}")
     return 0
 
 
 def cmd_stats(args) -> int:
     from hnclip.commands.stats import caption_statistics
-    print(f"wrote {caption_statistics(_registry(args), args.benchmark)}")
+    print(f"wrote {caption_statistics(_gpu_job(_registry(args)), args.benchmark)}")
     return 0
 
 
@@ -110,7 +138,7 @@ def cmd_regime(args) -> int:
 
 def cmd_step_timing(args) -> int:
     from hnclip.commands.step_timing import build_step_timing
-    return _wrote(build_step_timing(_registry(args)))
+    return _wrote(build_step_timing(_gpu_job(_registry(args))))
 
 
 def cmd_table(args) -> int:
@@ -151,9 +179,18 @@ def cmd_plan(args) -> int:
     from hnclip.plan.cost_plan import build_plan
     from hnclip.plan.printout import format_plan
     args.profile = args.plan_profile or args.profile
-    plan = build_plan(_registry(args), rates=args.rates, partition_limit=args.partition_limit)
-    print(format_plan(plan), end="")
+    plan = build_plan(_registry(args), rates=args.rates, partition_limit=args.partition_limit,
+                      auxiliary_rates=args.auxiliary_rates)
+    print(format_plan(plan, gpus=args.gpus), end="")
     return 1 if plan.over_limit() else 0
+
+
+def cmd_doctor(args) -> int:
+    from hnclip.commands.doctor import checkup
+    args.profile = args.doctor_profile or args.profile
+    found = checkup(_registry(args))
+    print("\n".join(found.lines))
+    return 0 if found.device_needs_met else 1
 
 
 def cmd_lineage(args) -> int:
@@ -207,13 +244,26 @@ def build_parser() -> argparse.ArgumentParser:
     p = verb("subsets", cmd_subsets, "write the nested training subsets (5/20/50/100 %%) of a dataset role")
     p.add_argument("dataset")
     p = verb("auxiliary", cmd_auxiliary, "build a training set's auxiliary inputs for the baselines")
-    p.add_argument("kind", choices=("segments", "edges"), help="GOAL's LISM segments, or StructXLIP's edge maps")
+    p.add_argument("kind", choices=("segments", "edges", "shard-count"),
+                   help="GOAL's LISM segments, StructXLIP's edge maps, or print the shard count of --kind")
     p.add_argument("--dataset", required=True, help="training set (docci, dci, vg)")
+    split = p.add_mutually_exclusive_group()
+    split.add_argument("--shard", type=int, default=None, help="make only shard K (its resume file) and nothing else")
+    split.add_argument("--gather", action="store_true", help="write the index and record from the finished shards")
+    p.add_argument("--kind", dest="of", choices=("segments", "edges"), default=None,
+                   help="with shard-count: whose shards to count")
+    p = verb("image-cache", cmd_image_cache, "decode a dataset's images once at the backbone's input size (uint8 "
+                                             "arrays that jobs memory-map when execution.image_cache is on)")
+    p.add_argument("--dataset", required=True, help="dataset role (docci, dci, vg, urban1k) or 'pretrain'")
+    p.add_argument("--split", action="append", default=None, help="only this split (repeatable; default: all)")
     p = verb("pretrain", cmd_pretrain, "pretrain the embedded backbone on its synthetic corpus")
     p.add_argument("--backbone")
     p = verb("train", cmd_train, "train one run (resumes from its last checkpoint; torchrun for several GPUs)")
     # --run-id: torchrun's own parser takes `--run` for an abbreviation of its `--run-path`
     p.add_argument("--run", "--run-id", dest="run", required=True)
+    p.add_argument("--until-epoch", type=int, default=None, metavar="E",
+                   help="train (resuming) through epoch E only, commit its checkpoint and exit 0 without the run's "
+                        "outputs unless E is its last epoch: parts of a run that each fit a time limit")
     p = verb("evaluate", cmd_evaluate, "evaluate one run on one benchmark (best and last epoch)")
     p.add_argument("--run", required=True)
     p.add_argument("--benchmark", required=True)
@@ -245,6 +295,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "the paper's Table A3)")
     p.add_argument("--partition-limit", default=None, metavar="TIME",
                    help="the partition's longest time limit, minutes or D-HH:MM:SS (default: planning.partition_limit)")
+    p.add_argument("--gpus", type=int, default=None, metavar="N",
+                   help="also the wall time and critical path on N GPUs (list scheduling over the DAG)")
+    p.add_argument("--auxiliary-rates", default=None, metavar="FILE",
+                   help="measured segment rates per dataset size: benchmarks/results/auxiliary_throughput.jsonl "
+                        "(default: planning.auxiliary_rates, else the assumed 8.6 s per image)")
+    p = verb("doctor", cmd_doctor, "device, driver, torch build and free disk against the plan: can this machine "
+                                   "run the profile (exit 1 if its GPU jobs would refuse to start here)")
+    p.add_argument("--profile", dest="doctor_profile", default=None,
+                   help="the profile to check (default: the active one)")
     p = verb("lineage", cmd_lineage, "trace one table cell back to raw data, initial weights and commits")
     p.add_argument("table_file", help="results/tables/<table>.csv (or .md, .tex, .provenance.json)")
     p.add_argument("--cell", required=True,

@@ -9,21 +9,38 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Iterator
 
+PART_SUFFIX = ".part"   # atomic_path's temporary files: `.<name>.<random>.part` beside the target
+
 
 @contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary sibling path; rename it onto `path` only if the block succeeds."""
+    """Yield a temporary sibling path; rename it onto `path` only if the block succeeds.
+
+    Durable as well as atomic: the file's data is synced to disk before the rename, and the directory
+    after it, so a crash (power loss, node failure) leaves either the old file or the complete new one,
+    never a name pointing at unwritten blocks (ext4/xfs may otherwise persist the rename first)."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=PART_SUFFIX, dir=target.parent)
     os.close(fd)
     tmp_path = Path(tmp)
     try:
         yield tmp_path
+        fsync_path(tmp_path)
         os.replace(tmp_path, target)
+        fsync_path(target.parent)
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
+
+
+def fsync_path(path: str | os.PathLike) -> None:
+    """Flush to disk a file's data, or a directory's entries (a rename, a new or removed name)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:

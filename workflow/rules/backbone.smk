@@ -22,6 +22,7 @@ rule pretrain_backbone:
     resources:
         gpu=USES_GPU,
         mem_mb=PRETRAIN_MEM_MB,
+        runtime=planned_runtime("pretrain_backbone", "{backbone}"),
     # Its cores are its own (Snakemake reserves them), so its OpenMP threads may spin between parallel
     # regions (ACTIVE: faster than hnclip's default passive wait when no other process takes a core).
     shell:

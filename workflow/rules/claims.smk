@@ -30,8 +30,9 @@ rule effects:
 
 
 rule step_timing:
-    # The timing claims' controlled measurement: the timing table's runs take optimizer steps in turn on the
-    # same batches. It takes every core, so no other job of this workflow shares the machine while it runs.
+    # The timing claims' controlled measurement: the timing table's runs take optimizer steps on the same
+    # distinct batches, each at its own compute batch (alone on a GPU). It takes every core, so no other job of
+    # this workflow shares the machine while it runs.
     input:
         step_timing_inputs,
     output:
@@ -48,6 +49,7 @@ rule step_timing:
     resources:
         gpu=USES_GPU,
         mem_mb=MEM_MB["train"],
+        runtime=planned_runtime("step_timing", "paired"),
     shell:
         f"{HNCLIP} step-timing > {{log}} 2>&1"
 

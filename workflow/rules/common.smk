@@ -8,6 +8,7 @@ from hnclip.config import paths
 from hnclip.hashing import canonical_json
 from hnclip.config.constants import PRETRAIN_ROLE, STRONGEST_BASELINE_TABLE
 from hnclip.commands.data import dataset_generation
+from hnclip.commands.image_cache import marker_path as image_cache_marker
 from hnclip.config.registry import Registry, pretrain_spec, with_generator_digest
 
 # fails before any job starts, naming every bad key and broken reference with the allowed values
@@ -75,11 +76,25 @@ def train_inputs(wildcards):
     tests = {REG.params["benchmarks"][b]["test"]["dataset"] for b in REG.eval_benchmarks(run.train_set)}
     return {"init": backbone_weights(), "train_data": dataset_marker(run.train_set),
             "test_data": sorted(str(dataset_marker(role)) for role in tests),
-            "auxiliary": [str(path) for path in REG.auxiliary_inputs(wildcards.run).values()]}
+            "auxiliary": [str(path) for path in REG.auxiliary_inputs(wildcards.run).values()],
+            "image_cache": image_cache_inputs([run.train_set, *tests])}
+
+
+def train_part_marker(run, epoch):
+    """What a run's allocation through `epoch` leaves (workflow/rules/train.smk: temporary)."""
+    return f".cache/train-parts/{run}/until-{epoch}.done"
+
+
+def previous_train_part(wildcards):
+    """The marker of the allocation a train_part or a run's last allocation resumes from (none: the first)."""
+    epoch = int(wildcards.epoch) if hasattr(wildcards, "epoch") else None
+    before = [until for until in PLAN.train_parts(wildcards.run) if epoch is None or until < epoch]
+    return [train_part_marker(wildcards.run, before[-1])] if before else []
 
 
 def evaluate_inputs(wildcards):
-    data = {"data": test_data(wildcards.benchmark)}
+    data = {"data": test_data(wildcards.benchmark),
+            "image_cache": image_cache_inputs([REG.params["benchmarks"][wildcards.benchmark]["test"]["dataset"]])}
     if REG.is_zeroshot(wildcards.run):
         return {**data, "init": backbone_weights()}
     inputs = {**data, "model": paths.run_model(wildcards.run), "record": paths.run_record(wildcards.run)}
@@ -193,6 +208,24 @@ def auxiliary_segment_inputs(wildcards):
     return {"train_data": dataset_marker(wildcards.dataset), **{k: str(v) for k, v in model_inputs(REG).items()}}
 
 
+def auxiliary_shard_pattern(kind):
+    """Where shard {shard} of a training set's build is written: `hnclip auxiliary <kind> --shard K` writes
+    shard_dir(<index>)/shard-KKKKK.jsonl (hnclip.auxiliary.shards)."""
+    return str(paths.shard_dir(paths.auxiliary_index(DATA_ROOT, "{dataset}", kind)) / "shard-{shard}.jsonl")
+
+
+def auxiliary_shard_files(kind):
+    """A gather's input function: every shard of the build. Their number is the training manifest's, known
+    once the `dataset` checkpoint has built it; until then Snakemake waits and re-evaluates."""
+    from hnclip.commands.auxiliary import auxiliary_shard_count  # what `hnclip auxiliary shard-count` prints
+
+    def shard_files(wildcards):
+        checkpoints.dataset.get(dataset=wildcards.dataset)
+        shards = [f"{k:05d}" for k in range(auxiliary_shard_count(REG, wildcards.dataset, kind))]
+        return expand(auxiliary_shard_pattern(kind), dataset=wildcards.dataset, shard=shards)
+    return shard_files
+
+
 # ---- Gradient-dynamics statistics (workflow/rules/gradient_stats.smk; figure_inputs above) --------
 from hnclip.config.registry import GRADIENT_FIGURE_KINDS
 from hnclip.report.gradient_stats import report_caption, stats_path
@@ -237,3 +270,11 @@ def regime_targets():
     if not config.get("regime_targets"):
         return []
     return [str(paths.regime_report("json")), str(paths.regime_report("md"))]
+
+
+def image_cache_inputs(roles):
+    """The image-cache markers of these dataset roles (workflow/rules/image_cache.smk), where the profile
+    reads images from the cache."""
+    if not EXECUTION.get("image_cache"):
+        return []
+    return sorted({str(image_cache_marker(DATA_ROOT, role)) for role in roles})

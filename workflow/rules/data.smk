@@ -16,8 +16,9 @@ rule download:
         f"{HNCLIP} download {{wildcards.source}} > {{log}} 2>&1"
 
 
-rule dataset:
-    # Manifests of one dataset role: generated (tiny profile) or built from the verified download.
+checkpoint dataset:
+    # Manifests of one dataset role: generated (tiny profile) or built from the verified download. A
+    # checkpoint: how many shard jobs an auxiliary build has is known only from its training manifest.
     input:
         dataset_inputs,
     output:

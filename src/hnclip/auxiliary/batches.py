@@ -10,6 +10,7 @@ from PIL import Image
 
 from hnclip.auxiliary.caption_filter import filter_caption, structure_chunk_spans
 from hnclip.auxiliary.lism import segment_or_fallback
+from hnclip.auxiliary.segments import crop_of
 from hnclip.config.constants import CONTEXT_LENGTH
 from hnclip.data.loader import PairDataset
 from hnclip.io import read_jsonl
@@ -30,6 +31,12 @@ def _rows_by_id(path: Path, dataset: PairDataset) -> list[dict]:
 def _image(path: Path, preprocess, mode: str = "RGB") -> torch.Tensor:
     with Image.open(path) as img:
         return preprocess(img.convert(mode).convert("RGB"))
+
+
+def _box_crop(path: Path, bbox: dict, preprocess) -> torch.Tensor:
+    """The segment crop: the RGB image cut to the box, the pixels a crop PNG of it holds (lossless)."""
+    with Image.open(path) as img:
+        return preprocess(crop_of(img, bbox))
 
 
 class GoalInputs:
@@ -58,8 +65,11 @@ class GoalInputs:
             mask = torch.ones(self.num_tokens, dtype=torch.bool)
             length = min(len(self.tokenizer.encode(caption)), CONTEXT_LENGTH - 2)
             span = (1, max(1, length))
-        else:
+        elif "crop_file" in pair:   # rows made with crop files (LismSettings.crop_files)
             image = _image(self.path.parent / pair["crop_file"], self.dataset.preprocess)
+        else:
+            image = _box_crop(self.dataset.rows[index].image, pair["bbox"], self.dataset.preprocess)
+        if not pair["fallback"]:
             sentence = pair["sentence"]
             indices = box_to_patch_indices(pair["bbox"], tuple(pair["image_size"]), self.grid_image_size,
                                            self.patch_size, patch_size_bug=self.settings.patch_size_bug,

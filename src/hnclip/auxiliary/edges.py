@@ -26,7 +26,7 @@ import cv2
 import numpy as np
 from PIL import Image
 
-from hnclip.auxiliary.lism import file_stem
+from hnclip.auxiliary.lism import crop_name, file_stem
 from hnclip.auxiliary.shards import DEFAULT_SHARD_ITEMS, build_sharded
 from hnclip.data.manifest import read_manifest
 from hnclip.hashing import file_sha256
@@ -72,9 +72,9 @@ def top_matches(matches: list[dict], top_k: int, distinct_crops: bool) -> list[d
     """The first top_k entries of a ranked match list, skipping repeated crops if distinct_crops."""
     chosen, seen = [], set()
     for entry in matches:
-        if distinct_crops and entry["crop_file"] in seen:
+        if distinct_crops and crop_name(entry) in seen:
             continue
-        seen.add(entry["crop_file"])
+        seen.add(crop_name(entry))
         chosen.append(entry)
         if len(chosen) == top_k:
             break
@@ -87,10 +87,11 @@ def _write_edges(edges: np.ndarray, path: Path) -> None:
 
 
 def build_edges(manifest_path: str | Path, segments_jsonl: str | Path, out_dir: str | Path,
-                settings: EdgeSettings = EdgeSettings(), *, shard_images: int = DEFAULT_SHARD_ITEMS) -> dict:
+                settings: EdgeSettings = EdgeSettings(), *, shard_images: int = DEFAULT_SHARD_ITEMS,
+                only_shard: int | None = None, gather: bool = False) -> dict:
     """Write out_dir/edges/<id>.png, out_dir/edge_crops/*.png and out_dir/edges.jsonl
     ({id, edge_file, crops: [{edge_crop_file, bbox, similarity, sentence}]}), in resumable shards of
-    `shard_images` images; returns a summary."""
+    `shard_images` images (`only_shard`, `gather`: see `build_sharded`); returns a summary."""
     start = time.perf_counter()
     out_dir = Path(out_dir)
     lism = {row["id"]: row for row in read_jsonl(segments_jsonl)}
@@ -104,6 +105,7 @@ def build_edges(manifest_path: str | Path, segments_jsonl: str | Path, out_dir: 
     rows, shards = build_sharded(items, lambda batch: [_edge_row(item, lism[item.id], out_dir, settings)
                                                        for item in batch],
                                  out_dir / "edges.jsonl", identity, shard_items=shard_images, desc="edges",
+                                 only_shard=only_shard, gather=gather,
                                  files_of=lambda row: [row["edge_file"], *(c["edge_crop_file"] for c in row["crops"])])
     crop_counts = [len(row["crops"]) for row in rows]
     return {"images": len(rows), "edge_crops": int(sum(crop_counts)),
@@ -120,7 +122,7 @@ def _edge_row(item, lism_row: dict, out_dir: Path, settings: EdgeSettings) -> di
     crops = []
     for entry in top_matches(lism_row["matches"], settings.top_k, settings.distinct_crops):
         box = entry["bbox"]
-        crop_file = f"edge_crops/{Path(entry['crop_file']).stem}.png"
+        crop_file = f"edge_crops/{crop_name(entry)}.png"
         _write_edges(edges[box["y1"]:box["y2"], box["x1"]:box["x2"]], out_dir / crop_file)
         crops.append({"edge_crop_file": crop_file, "bbox": box, "similarity": entry["similarity"],
                       "sentence": entry["sentence"]})

@@ -22,11 +22,21 @@ Explicit choices where the release is silent or unreleased:
     images drop out of GOAL's training set. `segment_or_fallback` offers the alternative we propose:
     train on the full image and full caption in the segment slot, flagged `fallback: true`.
 
-Output: `segments.jsonl`, one row per manifest image, and crop PNGs under `crops/`; every file path
-in the rows is relative to the directory of `segments.jsonl`. `sentence_index` indexes
-`sentences(caption)` (GOAL's text-span loss re-finds the sentence in the caption by its text).
-A rebuild rewrites the rows and the crops they name; crops of an earlier run with other settings
-stay behind unless out_dir is cleared first.
+Output: `segments.jsonl`, one row per manifest image. A match names its crop by `crop_id`
+(`<image stem>_seg<mask index>`, or `_full`) and its `bbox` in the original image: the crop is the
+image cut to that box, made where it is read (`hnclip.auxiliary.batches`). GOAL's release cuts the
+same box (make_pseudo_local_pair_for_trainset.py: `np.array(image)[y_min:y_max+1, x_min:x_max+1]`
+of the RGB image, background kept) and saves it as a PNG, which is lossless: the same pixels.
+`LismSettings.crop_files` writes those PNGs under `crops/` as before instead (rows then name
+`crop_file`, relative to the directory of `segments.jsonl`, in place of `crop_id`); a rebuild
+rewrites them, and crops of an earlier run with other settings stay behind unless out_dir is cleared.
+`sentence_index` indexes `sentences(caption)` (GOAL's text-span loss re-finds the sentence in the
+caption by its text).
+
+Speed: a segmenter with a `segments(image, min_area, max_area)` method (`DirectSamSegmenter`) gives
+the kept segments' boxes without full-size masks on the host, and a matcher with `encode_boxes`
+(`hf_clip_encoders`) cuts and preprocesses the crops as tensors on its device; the next batch's
+images are decoded in a thread while the current one is on the device.
 
 Extraction is sharded and resumable (`hnclip.auxiliary.shards`): every `shard_images` images
 their rows go to `segments.jsonl.shards/shard-NNNNN.jsonl`, and a restarted job (the same manifest,
@@ -38,14 +48,15 @@ from __future__ import annotations
 import hashlib
 import re
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
-from hnclip.auxiliary.segments import Segment, Segmenter, segmenter_fingerprint, segments_of
+from hnclip.auxiliary.segments import Segment, Segmenter, crop_of, segmenter_fingerprint, segments_of
 from hnclip.auxiliary.shards import DEFAULT_SHARD_ITEMS, build_sharded
 from hnclip.data.manifest import read_manifest
 from hnclip.hashing import file_sha256
@@ -62,6 +73,10 @@ class Encoders:
     count_tokens: Callable[[str], int]                         # tokens incl. start/end markers
     context_length: int
     name: str
+    # optional: features of images cut to boxes, [(image, [bbox, ...]), ...] -> [sum of boxes, D], equal
+    # within float tolerance to encode_images of the PIL crops (their preprocessing as tensor ops on the device)
+    encode_boxes: Callable[[list[tuple[Image.Image, list[dict]]]], np.ndarray] | None = None
+    fingerprint: dict = field(default_factory=dict)   # what names the weights beyond `name` (files' sha256)
 
 
 @dataclass(frozen=True)
@@ -70,6 +85,7 @@ class LismSettings:
     max_area: float = 0.80
     drop_full_image: bool = True        # del_org
     long_sentence: str = "skip_image"   # or "truncate"
+    crop_files: bool = False            # write each matched crop as a PNG (as the release) instead of a box only
 
     def __post_init__(self) -> None:
         if self.long_sentence not in LONG_SENTENCE_MODES:
@@ -145,7 +161,8 @@ def _skip_reason(item: LismImage, texts: list[str], encoders: Encoders, settings
 
 
 def lism_rows(images: list[LismImage], encoders: Encoders, settings: LismSettings, out_dir: Path) -> list[dict]:
-    """The segments.jsonl rows of a batch of images; writes the crops of their matched candidates.
+    """The segments.jsonl rows of a batch of images; with `settings.crop_files`, writes the crops of
+    their matched candidates.
 
     The matcher is called once for all sentences and once for all candidates of the batch.
     """
@@ -161,32 +178,52 @@ def lism_rows(images: list[LismImage], encoders: Encoders, settings: LismSetting
     if not pending:
         return rows
     text_features = encoders.encode_texts([t for _, _, texts in pending for t in texts])
-    image_features = encoders.encode_images([c for _, item, _ in pending
-                                             for c in [item.image] + [s.crop for s in item.segments]])
+    if encoders.encode_boxes is not None and not settings.crop_files:
+        image_features = encoders.encode_boxes([(item.image, [_full_box(item.image)] + [s.bbox for s in item.segments])
+                                                for _, item, _ in pending])
+    else:
+        image_features = encoders.encode_images([c for _, item, _ in pending for c in [item.image] + [
+            s.crop if s.crop is not None else crop_of(item.image, s.bbox) for s in item.segments]])
     t0 = c0 = 0
     for index, item, texts in pending:
         t1, c1 = t0 + len(texts), c0 + 1 + len(item.segments)
         ranked = ranked_matches(match_sentences(text_features[t0:t1], image_features[c0:c1]), settings.drop_full_image)
-        rows[index] = _paired_row(rows[index], item, texts, ranked, out_dir)
+        rows[index] = _paired_row(rows[index], item, texts, ranked, out_dir, settings.crop_files)
         t0, c0 = t1, c1
     return rows
 
 
-def _paired_row(row: dict, item: LismImage, texts: list[str], ranked: list[Match], out_dir: Path) -> dict:
+def _full_box(image: Image.Image) -> dict[str, int]:
+    width, height = image.size
+    return {"x1": 0, "y1": 0, "x2": width, "y2": height, "width": width, "height": height}
+
+
+def crop_name(entry: dict) -> str:
+    """The name of a match's crop: its `crop_id`, or the stem of its `crop_file` (rows with crop files)."""
+    return entry["crop_id"] if "crop_id" in entry else Path(entry["crop_file"]).stem
+
+
+def _paired_row(row: dict, item: LismImage, texts: list[str], ranked: list[Match], out_dir: Path,
+                crop_files: bool) -> dict:
     if not ranked:
         return {**row, "no_segment": "all_matched_full_image"}
     width, height = item.image.size
-    full_box = {"x1": 0, "y1": 0, "x2": width, "y2": height, "width": width, "height": height}
+    full_box = _full_box(item.image)
     stem = file_stem(item.id)
     written: dict[int, str] = {}
     entries = []
     for m in ranked:
         segment = item.segments[m.candidate - 1] if m.candidate else None
         if m.candidate not in written:
-            name = f"crops/{stem}_{f'seg{segment.mask_index}' if segment else 'full'}.png"
-            _write_png(segment.crop if segment else item.image, out_dir / name)
+            name = f"{stem}_{f'seg{segment.mask_index}' if segment else 'full'}"
+            if crop_files:
+                crop = (segment.crop if segment.crop is not None else crop_of(item.image, segment.bbox)) \
+                    if segment else item.image
+                _write_png(crop, out_dir / f"crops/{name}.png")
             written[m.candidate] = name
-        entries.append({"crop_file": written[m.candidate], "sentence": texts[m.sentence_index],
+        reference = {"crop_file": f"crops/{written[m.candidate]}.png"} if crop_files else {
+            "crop_id": written[m.candidate]}
+        entries.append({**reference, "sentence": texts[m.sentence_index],
                         "sentence_index": m.sentence_index, "similarity": m.similarity,
                         "bbox": segment.bbox if segment else full_box,
                         "mask_index": segment.mask_index if segment else None, "image_size": [width, height]})
@@ -199,41 +236,94 @@ def segment_or_fallback(row: dict) -> dict:
     if row["segment"] is not None:
         return {**row["segment"], "fallback": False}
     width, height = row["image_size"]
-    return {"crop_file": None, "sentence": row["caption"], "sentence_index": None, "similarity": None,
+    return {"crop_id": None, "sentence": row["caption"], "sentence_index": None, "similarity": None,
             "bbox": {"x1": 0, "y1": 0, "x2": width, "y2": height, "width": width, "height": height},
             "mask_index": None, "image_size": [width, height], "fallback": True}
 
 
+class _Prefetcher:
+    """Decodes the images that follow each asked-for batch in a thread, while the device works."""
+
+    def __init__(self, items: Sequence, ahead: int):
+        self.position = {id(item): k for k, item in enumerate(items)}
+        self.items, self.ahead = items, ahead
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="decode")
+        self.pending: dict[int, Future] = {}
+
+    def images(self, batch: Sequence) -> list[Image.Image]:
+        last = self.position[id(batch[-1])]
+        for k in range(last + 1, min(last + 1 + self.ahead, len(self.items))):
+            self._submit(k)
+        return [self._take(item) for item in batch]
+
+    def _submit(self, k: int) -> None:
+        if k not in self.pending:
+            self.pending[k] = self.pool.submit(decode_rgb, self.items[k].image)
+
+    def _take(self, item) -> Image.Image:
+        k = self.position[id(item)]
+        self._submit(k)
+        return self.pending.pop(k).result()
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def decode_rgb(path: str | Path) -> Image.Image:
+    with Image.open(path) as opened:
+        return opened.convert("RGB")
+
+
+def image_segments(segmenter: Segmenter, image: Image.Image, settings: LismSettings) -> tuple[int, list[Segment]]:
+    """(number of masks, the segments the area filter keeps) of an image."""
+    if callable(getattr(segmenter, "segments", None)):
+        return segmenter.segments(image, settings.min_area, settings.max_area)
+    masks = segmenter.masks(image)
+    return len(masks), segments_of(image, masks, settings.min_area, settings.max_area)
+
+
 def build_lism(manifest_path: str | Path, out_dir: str | Path, segmenter: Segmenter, encoders: Encoders,
                settings: LismSettings = LismSettings(), batch_images: int = 32, *,
-               shard_images: int = DEFAULT_SHARD_ITEMS, fingerprint: dict | None = None) -> dict:
-    """Segment and match every image of a manifest; writes out_dir/segments.jsonl and out_dir/crops/.
+               shard_images: int = DEFAULT_SHARD_ITEMS, fingerprint: dict | None = None,
+               only_shard: int | None = None, gather: bool = False) -> dict:
+    """Segment and match every image of a manifest; writes out_dir/segments.jsonl (and out_dir/crops/
+    with `settings.crop_files`).
 
     Images are matched `batch_images` at a time, in shards of `shard_images` (resumable, see the
-    module docstring). `fingerprint` adds what names the models beyond their names (e.g. the sha256
-    of their files) to what a shard must have been made from to be reused. Returns a summary:
-    images, with_segment, no_segment counts by reason, mean segments kept by the area filter, mean
-    matches, wall time (this run's), shards made and reused, matcher name and settings.
+    module docstring); `only_shard` makes one shard and nothing else, `gather` assembles
+    segments.jsonl from the shards (`build_sharded`). `fingerprint` adds what names the models beyond
+    the segmenter's and matcher's own fingerprints to what a shard must have been made from to be
+    reused. Returns a summary: images, with_segment, no_segment counts by reason, mean segments kept by
+    the area filter, mean matches, wall time (this run's), shards made and reused, matcher name and
+    settings (of the shard's images only, with `only_shard`).
     """
     start = time.perf_counter()
     out_dir = Path(out_dir)
+    items = read_manifest(manifest_path)
     identity = {"step": "lism", "manifest_sha256": file_sha256(manifest_path), "settings": asdict(settings),
                 "matcher": encoders.name, "segmenter": segmenter_fingerprint(segmenter),
                 "batch_images": batch_images, **(fingerprint or {})}
+    if encoders.fingerprint:
+        identity["matcher_files"] = encoders.fingerprint
+    prefetch = _Prefetcher(items, batch_images)
 
     def make_rows(batch) -> list[dict]:
         images = []
-        for item in batch:
-            with Image.open(item.image) as opened:
-                image = opened.convert("RGB")
-            masks = segmenter.masks(image)
-            segments = segments_of(image, masks, settings.min_area, settings.max_area)
-            images.append(LismImage(item.id, item.caption, image, segments, len(masks)))
+        for item, image in zip(batch, prefetch.images(batch), strict=True):
+            n_masks, segments = image_segments(segmenter, image, settings)
+            images.append(LismImage(item.id, item.caption, image, segments, n_masks))
         return lism_rows(images, encoders, settings, out_dir)
 
-    rows, shards = build_sharded(read_manifest(manifest_path), make_rows, out_dir / "segments.jsonl", identity,
-                                 shard_items=shard_images, batch_items=batch_images, desc="segments",
-                                 files_of=lambda row: [m["crop_file"] for m in row["matches"]])
+    try:
+        rows, shards = build_sharded(items, make_rows, out_dir / "segments.jsonl", identity, shard_items=shard_images,
+                                     batch_items=batch_images, desc="segments", only_shard=only_shard, gather=gather,
+                                     files_of=lambda row: [m["crop_file"] for m in row["matches"] if "crop_file" in m])
+    finally:
+        prefetch.close()
+    return lism_summary(rows, shards, time.perf_counter() - start, encoders.name, settings)
+
+
+def lism_summary(rows: list[dict], shards: dict, wall_s: float, matcher: str, settings: LismSettings) -> dict:
     reasons: dict[str, int] = {}
     for row in rows:
         if row["no_segment"]:
@@ -241,8 +331,7 @@ def build_lism(manifest_path: str | Path, out_dir: str | Path, segmenter: Segmen
     return {"images": len(rows), "with_segment": sum(row["segment"] is not None for row in rows),
             "no_segment": reasons, "mean_segments_kept": float(np.mean([row["n_segments"] for row in rows])),
             "mean_matches": float(np.mean([len(row["matches"]) for row in rows])),
-            "wall_s": time.perf_counter() - start, **shards, "matcher": encoders.name,
-            "settings": asdict(settings)}
+            "wall_s": wall_s, **shards, "matcher": matcher, "settings": asdict(settings)}
 
 
 def hf_clip_encoders(model_path: str | Path, device: str = "cpu", batch_size: int = 64) -> Encoders:
@@ -279,7 +368,24 @@ def hf_clip_encoders(model_path: str | Path, device: str = "cpu", batch_size: in
     def count_tokens(text: str) -> int:
         return len(processor.tokenizer(text)["input_ids"])
 
-    return Encoders(encode_images, encode_texts, count_tokens, context, f"hf-clip:{model_path}")
+    @torch.no_grad()
+    def encode_boxes(images: list[tuple[Image.Image, list[dict]]]) -> np.ndarray:
+        # The processor's own tensor path (transformers 5: a torchvision backend; PIL input is turned
+        # into this same uint8 CHW tensor first), fed slices of one tensor per image on the device.
+        crops = []
+        for image, boxes in images:
+            pixels = torch.from_numpy(np.array(image.convert("RGB"))).to(device).permute(2, 0, 1)
+            crops += [pixels[:, b["y1"]:b["y2"], b["x1"]:b["x2"]] for b in boxes]
+        chunks = []
+        for i in range(0, len(crops), batch_size):
+            values = processor.image_processor(images=crops[i:i + batch_size], return_tensors="pt", device=device,
+                                               input_data_format="channels_first")["pixel_values"]
+            chunks.append(features(model.get_image_features(pixel_values=values.to(device))).cpu())
+        return torch.cat(chunks).numpy()
+
+    from hnclip.auxiliary.segments import directory_sha256
+    return Encoders(encode_images, encode_texts, count_tokens, context, f"hf-clip:{model_path}",
+                    encode_boxes=encode_boxes, fingerprint={"files": directory_sha256(model_path)})
 
 
 def backbone_encoders(backbone, device: str = "cpu", batch_size: int = 64) -> Encoders:

@@ -6,6 +6,9 @@ Two segmenters share one protocol (`masks(image)` -> boolean [H, W] arrays at th
   32x32 point grid, pred_iou 0.88, stability 0.95, no crop layers; images wider than 4000 or taller
   than 3000 px are thumbnailed to <=2048x1536 for SAM and the masks resized back NEAREST
   (GOAL LISM/make_pseudo_local_pair_for_trainset.py).
+- `DirectSamSegmenter` (hnclip.auxiliary.sam_masks): the same masks in the same order from SamModel
+  called directly, without the pipeline's per-mask overheads; it also gives the kept segments' boxes
+  (`segments`) without full-size masks on the host. The default of the paper profile.
 - `CpuSegmenter`: a classical stand-in for CPU-only runs: regions of quantised colour, texture
   parts merged back into their surface (see its docstring).
 
@@ -49,11 +52,30 @@ def segmenter_fingerprint(segmenter: Segmenter) -> dict:
 
 @dataclass(frozen=True)
 class Segment:
-    """One kept mask: its position in the segmenter's output, its box and its crop."""
+    """One kept mask: its position in the segmenter's output, its box and (when cut) its crop."""
     mask_index: int
     area_fraction: float
     bbox: dict[str, int]      # x1, y1, x2, y2 (exclusive: x2 = x1 + width), width, height; original pixels
-    crop: Image.Image
+    crop: Image.Image | None = None   # None: cut from the image by `bbox` where needed (`crop_of`)
+
+
+def crop_of(image: Image.Image, bbox: dict[str, int]) -> Image.Image:
+    """The release's crop: the RGB image cut to the box, background kept (GOAL's crop is the array slice
+    [y1:y2, x1:x2] of the image, saved as a lossless PNG: these same pixels)."""
+    return image.convert("RGB").crop((bbox["x1"], bbox["y1"], bbox["x2"], bbox["y2"]))
+
+
+def directory_sha256(path: str | Path) -> dict[str, str]:
+    """sha256 of every file under a model directory (weights, configs, processor files) by relative
+    path; a single file gives {its name: sha256}. Memoised per path, size and mtime (hashing.file_sha256)."""
+    from hnclip.hashing import file_sha256
+    path = Path(path)
+    if path.is_file():
+        return {path.name: file_sha256(path)}
+    if not path.is_dir():
+        return {}   # a hub id, not a local directory: nothing to hash
+    return {file.relative_to(path).as_posix(): file_sha256(file)
+            for file in sorted(path.rglob("*")) if file.is_file()}
 
 
 def mask_bbox(mask: np.ndarray) -> dict[str, int]:
@@ -181,6 +203,10 @@ class SamSegmenter:
                          "stability_score_thresh": stability_score_thresh, "crops_n_layers": 0,
                          "points_per_batch": points_per_batch}
 
+    def fingerprint(self) -> dict:
+        return sam_fingerprint(self.model, self.settings["points_per_crop"], self.settings["pred_iou_thresh"],
+                               self.settings["stability_score_thresh"], self.settings["points_per_batch"], "fp32")
+
     def masks(self, image: Image.Image) -> list[np.ndarray]:
         rgb = image.convert("RGB")
         seen = sam_input(rgb)
@@ -189,3 +215,13 @@ class SamSegmenter:
         if seen.size == rgb.size:
             return masks
         return [np.asarray(Image.fromarray(m).resize(rgb.size, Image.NEAREST)) for m in masks]
+
+
+def sam_fingerprint(model: str | Path, points_per_side: int = 32, pred_iou_thresh: float = 0.88,
+                    stability_score_thresh: float = 0.95, points_per_batch: int = 128, dtype: str = "fp32") -> dict:
+    """What names SAM's masks (`SamSegmenter` and `DirectSamSegmenter` alike: the same masks): the model's
+    path, every file's sha256 (other weights at the same path are another model) and the settings."""
+    return {"class": "SamSegmenter", "model": str(model), "files": directory_sha256(model),
+            "points_per_crop": points_per_side, "pred_iou_thresh": pred_iou_thresh,
+            "stability_score_thresh": stability_score_thresh, "crops_n_layers": 0,
+            "points_per_batch": points_per_batch, "dtype": dtype}

@@ -46,7 +46,7 @@ EPOCHS = 10
 PROBE_EVERY = 5          # optimizer steps between probes (Fig. 4)
 EFFECTIVE_BATCH = 128
 POOL = 24                # query orders per benchmark: each row and direction of a table draws its own
-TIMING_ROUNDS = 10       # paired step-timing rounds (params.yaml paired_timing)
+TIMING_ROUNDS = 20       # paired step-timing rounds (params.yaml paired_timing)
 ROUND_LOAD_SD = 0.3      # log-SD of a round's shared slowdown (other work on the machine)
 STEP_JITTER_SD = 0.05    # log-SD of one step's own time
 
@@ -185,8 +185,13 @@ class BatchedCells:
     [estimate, replicates...] blocks one after another, so every statistic of cells (elementwise over
     the draws) runs once for all of them. The ReproducedSource interface, cells only."""
 
-    def __init__(self, pool: QueryPool, rng: np.random.Generator, sims: int, seed_sd: float = 0.0):
+    def __init__(self, pool: QueryPool, rng: np.random.Generator, sims: int, seed_sd: float = 0.0,
+                 seed_pairs: int = 0):
         self.pool, self.rng, self.sims, self.boot, self.seed_sd = pool, rng, sims, pool.boot, seed_sd
+        # the seed SD is estimated from `seed_pairs` pairs of seeds: each reproduction draws its own from that
+        # estimate's sampling distribution (sd · sqrt(df / χ²_df)), so its uncertainty reaches the verdicts
+        self._seed_sds = (seed_sd * np.sqrt(seed_pairs / rng.chisquare(seed_pairs, (sims, 1))) if seed_pairs
+                          else np.full((sims, 1), seed_sd))
         self.evidence: list[tuple[str, str]] = []
         self._latent: dict[tuple, tuple[Latent, np.ndarray]] = {}
         self._orders: dict[tuple, list[np.ndarray]] = {}
@@ -196,14 +201,15 @@ class BatchedCells:
         """[sims * (1 + resamples)] draws with the between-seed term of a single-seed run: each reproduction's
         run is moved by its seed's N(0, seed_sd²) (estimate and replicates alike: its truth), and its
         replicates get the scorecard's own jitter of that size (ReproducedSource.cell). One term per run
-        (row, test set, direction): its epochs and Recall@K move together."""
+        (table row), shared by all its cells (test sets, directions, epochs, Recall@K), as a second seed
+        moves the whole model."""
         if self.seed_sd <= 0:
             return draws
-        key = (table, row, benchmark, direction)
+        key = (table, row)
         if key not in self._seed_terms:
             resamples = self.boot.settings.resamples
-            self._seed_terms[key] = (self.rng.normal(0, self.seed_sd, (self.sims, 1)),
-                                     self.rng.normal(0, self.seed_sd, (self.sims, resamples)))
+            self._seed_terms[key] = (self.rng.normal(0, 1, (self.sims, 1)) * self._seed_sds,
+                                     self.rng.normal(0, 1, (self.sims, resamples)) * self._seed_sds)
         offset, jitter = self._seed_terms[key]
         blocks = draws.reshape(self.sims, -1) + offset
         blocks[:, 1:] += jitter
@@ -327,7 +333,7 @@ def support_rates(claims: list[dict], n_sims: int = 200, resamples: int = 100, s
     symbolic, claims = claims, [resolved(c, model) for c in claims]
     counts = {c["claim_id"]: dict.fromkeys(VERDICTS, 0) for c in claims}
     batched = [c for c in claims if batchable(c["statistic"])]
-    cells = BatchedCells(pool, rng, n_sims, model.seed_sd)
+    cells = BatchedCells(pool, rng, n_sims, model.seed_sd, model.seed_pairs)
     for claim in batched:
         decision = claim.get("real_data_decision", claim["decision"])
         for verdict in batch_verdicts(claim, cells, decision):

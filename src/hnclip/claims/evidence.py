@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import math
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -54,7 +55,8 @@ class ReproducedSource:
         self.evidence += cells.reference(row, part, selection)
         if self.seed_sd > 0 and len(draws) > 1 and len(cells.seeds(row, part)) == 1:
             # one seed: its replicates carry the between-seed term too (several seeds are resampled instead)
-            run = ",".join(cells.eval_files(row, part)) + f"/{part[1]}"
+            # one term per run, shared by all its cells (a second seed moves the whole model)
+            run = ",".join(sorted({str(Path(f).parent) for f in cells.eval_files(row, part)}))
             draws = np.concatenate([draws[:1], draws[1:] + self.boot.seed_jitter(run, self.seed_sd)])
         return draws
 

@@ -6,13 +6,14 @@ import math
 
 import pandas as pd
 
-from hnclip.claims.definitions import claim_definitions
+from hnclip.claims.definitions import NULL_SUPPORT_MAX, SIZE_MIN, SPECIFICITY_FILE, claim_definitions
 from hnclip.claims.preconditions import REGIME_CONDITIONS, as_condition, profile_conditions
 from hnclip.claims.quotes import readable_quote
 from hnclip.claims.tie import Z_TIE, TieModel
 from hnclip.claims.verdicts import GROUPS, VERDICT_MEANINGS, VERDICTS
 from hnclip.config.registry import Registry
 from hnclip.evaluation.bootstrap import Bootstrap
+from hnclip.io import read_json
 
 
 def _format_number(value: float, count: bool) -> str:
@@ -75,18 +76,46 @@ def _header(reg: Registry, frame: pd.DataFrame, boot: Bootstrap, conditions: dic
            "by construction (L_HN is L_CLIP on logits shifted by γG ≥ 0) and are judged per run.", "",
            "Each rule was also run on simulated reproductions at the paper's test sizes "
            "(src/hnclip/claims/specificity.json): how often it says supported when the paper is reproduced "
-           "exactly (exact), when the rows the claim compares are equal (null; for a claim of closeness, when their "
-           "difference sits on an edge of its band) and when the effect is one R@1 point the other way "
-           "(reversed). A rule whose null share is above 10 %, or not measured, cannot tell "
+           "exactly (exact), in the world the rule is meant to deny (null: an \"all K\" claim with one item at no "
+           "effect, a best-of claim with the runner-up equal on the compared column, a trajectory one step out of "
+           "shape, a claim of closeness on its own bound, a timing ratio on its threshold under a drifting load) and "
+           "one R@1 point further against the claim (reversed), all at one between-run correlation. "
+           "A rule whose null share is above 10 %, or not measured, cannot tell "
            "the claim from its absence: its \"supported\" is reported as **consistent**. A verdict whose estimate is "
            "within one standard error of the decision's threshold is marked (borderline); on the paper's numbers, "
            "which have no interval, one where a contrast's standard error at its test sizes would move the "
-           "verdict.", ""]
+           "verdict.", "", *_sensitivity_lines(frame)]
     out += [f"* **{v.replace('_', ' ')}**: {meaning}" for v, meaning in VERDICT_MEANINGS.items()]
     if reg.profile_name != "paper":
         out += ["", "> The embedded miniature tests directions of effect; claims about the real benchmarks' magnitudes "
                     "are not testable on it."]
     return out
+
+
+def _sensitivity_lines(frame: pd.DataFrame) -> list[str]:
+    """How many of the paper's claims the gate lets be supported if the between-run correlation were each of
+    specificity.json's sensitivity values (the rules' sizes and null shares measured there; the ties and the
+    estimates unchanged), on this profile and on the paper's numbers."""
+    if not SPECIFICITY_FILE.is_file():
+        return []
+    data = read_json(SPECIFICITY_FILE)
+    varied, measured = data.get("sensitivity") or {}, data.get("claims", {})
+    if not varied:
+        return []
+    paper = _parts(frame)["of the paper's claims"]
+    texts = []
+    for rho, entries in sorted(varied.items(), key=lambda item: float(item[0])):
+        def passes(claim_id: str) -> bool:
+            entry = entries.get(claim_id) or measured.get(claim_id) or {}
+            null, size = entry.get("null_support"), entry.get("size")
+            return null is not None and size is not None and null <= NULL_SUPPORT_MAX and size >= SIZE_MIN
+        # "consistent" is only ever the gate's: before it, these verdicts were "supported"
+        counts = [sum(v in ("supported", "consistent") and passes(c) for v, c in zip(paper[column], paper["claim_id"]))
+                  for column in ("verdict", "paper_verdict")]
+        texts.append(f"at ρ = {rho}: {counts[0]} supported on this profile, {counts[1]} on the paper's numbers")
+    return [f"Sensitivity to the between-run correlation (measured ρ = {data['settings']['correlation']:g}; the "
+            "paper's claims that the gate lets be supported with each rule's size and null share measured at another "
+            "ρ): " + "; ".join(texts) + ".", ""]
 
 
 def _share(value) -> str:

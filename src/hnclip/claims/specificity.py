@@ -46,6 +46,7 @@ import numpy as np
 import pandas as pd
 
 from hnclip.claims.calibration import (
+    EPOCHS,
     BatchedCells,
     QueryPool,
     SimulatedSource,
@@ -55,10 +56,11 @@ from hnclip.claims.calibration import (
     support_rates,
     true_recall,
 )
-from hnclip.claims.definitions import SPECIFICITY_FILE, claim_definitions, row_of, rule_hash
+from hnclip.claims.definitions import SPECIFICITY_FILE, claim_definitions, row_of, rule_hash, statistic_leaves
 from hnclip.claims.evidence import paper_cells
 from hnclip.claims.preconditions import paper_conditions
-from hnclip.claims.tie import CORRELATION, Z_TIE, TieModel, paper_model, paper_test_sizes, resolved
+from hnclip.claims.statistics import statistic_columns
+from hnclip.claims.tie import CORRELATION, Z_TIE, TieModel, hit_correlation, paper_model, paper_test_sizes, resolved
 from hnclip.claims.verdicts import judge_claim
 from hnclip.evaluation.bootstrap import Bootstrap, BootstrapSettings
 from hnclip.io import read_json, write_json
@@ -67,7 +69,7 @@ from hnclip.report.effects import CellUnavailable
 SHIFT = 1.0                       # R@1 points the reversed world moves an effect the other way
 TIMING_SHIFT = 1.1                # the factor the reversed world moves a timing ratio the other way
 WORLDS = ("null", "reversed")
-SIGNED_REDUCERS = (None, "value", "min", "max", "mean", "count_positive", "count_nonnegative")
+SIGNED_REDUCERS = (None, "value", "min", "max", "mean", "count_positive", "count_nonnegative", "second_smallest")
 
 
 def claim_direction(claim: dict) -> int | None:
@@ -87,13 +89,18 @@ class World:
     equal: dict[tuple[str, str], list[Equality]] = field(default_factory=dict)
     flat: set[tuple[str, str]] = field(default_factory=set)
     offset: dict[tuple[str, str], float] = field(default_factory=dict)
+    moves: dict[tuple[str, str], list[EpochMove]] = field(default_factory=dict)
 
     def truth(self, table: str, row: str, part: tuple[str, str, str], selection, depth: int = 0) -> float:
+        move = next((m for m in self.moves.get((table, row), []) if m.epoch == selection and part[0] in m.benchmarks),
+                    None)
+        if move is not None:
+            return self.truth(table, row, part, move.reference, depth + 1) + move.delta
         return self._truth(table, row, part, selection, depth) + self.offset.get((table, row), 0.0)
 
     def _truth(self, table: str, row: str, part: tuple[str, str, str], selection, depth: int) -> float:
         key = (table, row)
-        rule = next((e for e in self.equal.get(key, []) if e.benchmarks is None or part[0] in e.benchmarks), None)
+        rule = next((e for e in self.equal.get(key, []) if e.covers(part)), None)
         if rule is not None and depth < 8:  # depth: a chain of equalities, never a cycle's loop
             source_selection = rule.selections.get(_selection_key(selection), selection)
             values = [self.truth(t, r, part, source_selection, depth + 1) for t, r in rule.sources]
@@ -112,6 +119,20 @@ class Equality:
     shift: float = 0.0
     selections: dict = field(default_factory=dict)
     benchmarks: frozenset | None = None
+    parts: frozenset | None = None   # only these cells (benchmark, direction, metric): one item of a claim
+
+    def covers(self, part: tuple[str, str, str]) -> bool:
+        return (self.benchmarks is None or part[0] in self.benchmarks) and (self.parts is None or part in self.parts)
+
+
+@dataclass(frozen=True)
+class EpochMove:
+    """A row's truth at `epoch` on `benchmarks`: its truth at epoch `reference` plus `delta` (a trajectory
+    whose claimed shape fails by one step: an epoch out of order, the peak one epoch later)."""
+    epoch: int
+    reference: int
+    delta: float
+    benchmarks: frozenset
 
 
 def _selection_key(selection):
@@ -183,7 +204,8 @@ def closeness_worlds(claim: dict, kind: str) -> list[World] | str:
     beyond = SHIFT if kind == "reversed" else 0.0
     worlds = []
     if statistic.get("reduce") in ("abs_mean", "max_abs") and decision["op"] in ("<", "<="):
-        for edge in (decision["threshold"] + beyond, -decision["threshold"] - beyond):
+        bound = float(claim.get("closeness_bound", decision["threshold"]))  # the claim's own, where it states one
+        for edge in (bound + beyond, -bound - beyond):
             world = World()
             for a, b in spec["pairs"]:
                 world.equal[table, a] = [Equality(_b_sources(b, b_table), spec.get("b_rank", 1), edge)]
@@ -198,18 +220,24 @@ def closeness_worlds(claim: dict, kind: str) -> list[World] | str:
 
 
 def world_of(claim: dict, kind: str) -> World | list[World] | TimingWorld | str:
-    """The claim's null or reversed world (a closeness claim's: one per edge of its band), or why it has
-    none. A closeness claim's thresholds must be resolved."""
+    """The claim's null or reversed world (several: the largest support counts), or why it has none. The
+    null world is the one its rule is meant to deny (`denied_worlds`); the reversed world makes the compared
+    rows equal and moves the first contrast SHIFT against the claim. Thresholds must be resolved where the
+    rule has ties."""
     direction = claim_direction(claim)
     if not batchable(claim["statistic"]) and "paired_timing" not in claim["statistic"]:
         return PROBES
     if direction is None:
         return closeness_worlds(claim, kind)
     if "paired_timing" in claim["statistic"]:
-        # the ratio the claim bounds sits on its threshold (null), or TIMING_SHIFT beyond it (reversed)
+        # the ratio the claim bounds sits on its threshold (null), or TIMING_SHIFT beyond it (reversed); in
+        # both, the load on the numerator's run drifts (TimingWorldSource)
         spec, decision = claim["statistic"]["paired_timing"], claim.get("real_data_decision", claim["decision"])
         ratio = decision["threshold"] * (TIMING_SHIFT ** -direction if kind == "reversed" else 1.0)
         return TimingWorld(spec["table"], spec["numerator"], spec["denominator"], ratio)
+    denied = denied_worlds(claim, SHIFT if kind == "reversed" else 0.0)
+    if denied is not None:
+        return denied
     world = World()
     shift = [-direction * SHIFT if kind == "reversed" else 0.0]
     if not _leaves_into(claim["statistic"], world, shift):
@@ -217,8 +245,119 @@ def world_of(claim: dict, kind: str) -> World | list[World] | TimingWorld | str:
     return world
 
 
+# ---- the world each rule is meant to deny -------------------------------------------------------------
+DENIED_ITEMS = 3   # an "all K" rule: the items nulled in turn, those of the smallest printed margin (the
+                   # least favourable: the others keep their largest margins); the largest support counts
+
+
+@dataclass(frozen=True)
+class Item:
+    """One item of a contrast as the paper prints it: a row, its competitor on the column, its margin."""
+    row: str
+    competitor: tuple[str, str]
+    column: object
+    margin: float
+
+
+def paper_items(spec: dict) -> list[Item]:
+    """A contrast's items on the paper's printed numbers: each pair and column the a row has, with the
+    competitor that is the `b_rank`-th best on that column (its mean over the column's cells)."""
+    table, b_table, rank = spec["table"], spec.get("b_table", spec["table"]), spec.get("b_rank", 1)
+    items = []
+    for a, b in spec["pairs"]:
+        for column in statistic_columns(spec["columns"]):
+            a_value = np.mean([printed(table, a, part) for part in column.parts])
+            if math.isnan(a_value):
+                continue
+            others = sorted(((np.mean([printed(t, r, part) for part in column.parts]), (t, r))
+                             for t, r in _b_sources(b, b_table)), key=lambda x: -x[0] if not math.isnan(x[0]) else 1e9)
+            value, competitor = others[min(rank, len(others)) - 1]
+            items.append(Item(a, competitor, column, float(a_value - value)))
+    return items
+
+
+def _items_needed(claim: dict, total: int) -> int | None:
+    """How many items must lose their effect for the claim to be false (None: not an "all K" rule)."""
+    statistic, decision = claim["statistic"], claim.get("real_data_decision", claim["decision"])
+    reduce = statistic.get("reduce")
+    if reduce in ("count_positive", "count_nonnegative") and decision["op"] in (">=", ">"):
+        k = decision["threshold"] + (1 if decision["op"] == ">" else 0)
+        return max(1, total - int(math.ceil(k)) + 1)
+    return {"min": 1, "second_smallest": 2}.get(reduce)
+
+
+def denied_worlds(claim: dict, beyond: float = 0.0) -> list[World] | None:
+    """The least favourable worlds in which the claim is false, for the rules whose plain null is the easiest
+    one to reject (None: the plain null of `_leaves_into` is the denied world):
+
+    * an "all K" rule (every item, K of N, the smallest item above a bound) on one contrast: the fewest items
+      that make it false at no effect (each at its competitor on its column), the others at the paper's
+      values; where one item suffices, each of the DENIED_ITEMS of smallest printed margin in turn;
+    * a best-of rule (one item against the best of several rows): the row at the runner-up that is best on
+      the compared column (a pooled column's best row, not each cell's best);
+    * a trajectory: the claimed shape fails by the rule's tie (an epoch one tie below the one before it; the
+      peak one epoch later, one tie above epoch 1), one benchmark at a time.
+    `beyond`: R@1 points further against the claim (the reversed world)."""
+    statistic = claim["statistic"]
+    if "contrast" in statistic and claim_direction(claim) == 1:
+        spec = statistic["contrast"]
+        try:
+            items = paper_items(spec)
+        except CellUnavailable:  # a table the paper does not print (a control of ours): the plain null
+            return None
+        if not items:
+            return None
+        needed = _items_needed(claim, len(items))
+        by_margin = sorted(items, key=lambda item: item.margin)
+        if needed is not None and needed < len(items):
+            groups = [[item] for item in by_margin[:DENIED_ITEMS]] if needed == 1 else [by_margin[:needed]]
+        elif len(items) == 1 or statistic.get("reduce") in (None, "value"):
+            groups = [items]  # every item at its best competitor on the column
+        else:
+            return None
+        # a magnitude (the smallest item at least T > 0) is denied at T, a lead or tie at no effect
+        decision = claim.get("real_data_decision", claim["decision"])
+        magnitude = statistic.get("reduce") in (None, "value", "min")
+        at = max(float(decision.get("threshold", 0.0)), 0.0) if magnitude else 0.0
+        return [_null_items(spec, group, at - beyond) for group in groups]
+    trajectories = [leaf["trajectory"] for leaf in statistic_leaves(statistic) if "trajectory" in leaf]
+    if trajectories and claim.get("tie"):
+        return _trajectory_worlds(trajectories, claim["tie"] + beyond)
+    return None
+
+
+def _null_items(spec: dict, items: list[Item], at: float = 0.0) -> World:
+    table = spec["table"]
+    a_selection = _selection_key(spec.get("a_selection", spec.get("selection")))
+    selections = {} if spec.get("epochs") == "each" else {a_selection: spec.get("b_selection", spec.get("selection"))}
+    world = World()
+    for item in items:
+        world.equal.setdefault((table, item.row), []).append(
+            Equality([item.competitor], 1, at, selections, parts=frozenset(item.column.parts)))
+    return world
+
+
+def _trajectory_worlds(specs: list[dict], tie: float) -> list[World]:
+    worlds = []
+    measures = {spec["measure"] for spec in specs}
+    for spec in specs[:1]:
+        for row in spec["rows"]:
+            for benchmark in spec["columns"]["benchmarks"]:
+                for epoch, reference, delta in (
+                        [(2, 1, tie)] if measures & {"peak_first", "first_minus_last"}  # the peak one epoch later
+                        else [(e, e - 1, -tie) for e in (2, EPOCHS // 2, EPOCHS)]):  # one epoch out of order
+                    worlds.append(World(moves={(spec["table"], row): [
+                        EpochMove(epoch, reference, delta, frozenset([benchmark]))]}))
+    return worlds
+
+
+DRIFT_SD = 0.01   # log-SD per round of a load that hits one run only and drifts (a random walk over the rounds;
+                  # assumed, not measured: 10 % over 100 rounds)
+
+
 class TimingWorldSource(SimulatedSource):
-    """SimulatedSource whose paired step times follow a TimingWorld's ratio."""
+    """SimulatedSource whose paired step times follow a TimingWorld's ratio, the numerator's run also slowed
+    by a load of its own that drifts over the rounds (DRIFT_SD a round): it does not cancel in the ratio."""
 
     def __init__(self, pool: QueryPool, rng: np.random.Generator, world: TimingWorld):
         super().__init__(pool, rng)
@@ -230,7 +369,8 @@ class TimingWorldSource(SimulatedSource):
             return times
         truth = {name: printed(table, name, (paper_cells(table).benchmark_of(name), "none", "wall_clock_min"))
                  for name in (self.world.numerator, self.world.denominator)}
-        return times * self.world.ratio * truth[self.world.denominator] / truth[self.world.numerator]
+        drift = np.exp(np.cumsum(self.rng.normal(0, DRIFT_SD, len(times))))
+        return times * drift * self.world.ratio * truth[self.world.denominator] / truth[self.world.numerator]
 
 
 def _timing_support(claim: dict, pool: QueryPool, rng: np.random.Generator, world: TimingWorld, n_sims: int) -> float:
@@ -249,8 +389,8 @@ class WorldCells(BatchedCells):
     scorecard does, the same resamples for every cell of a test set."""
 
     def __init__(self, pool: QueryPool, rng: np.random.Generator, sims: int, world: World, correlation: float,
-                 seed_sd: float = 0.0):
-        super().__init__(pool, rng, sims, seed_sd)
+                 seed_sd: float = 0.0, seed_pairs: int = 0):
+        super().__init__(pool, rng, sims, seed_sd, seed_pairs)
         self.world, self.correlation = world, correlation
         self._shared: dict[tuple[str, str], np.ndarray] = {}
         self._own: dict[tuple[str, str, str, str], np.ndarray] = {}
@@ -292,59 +432,100 @@ class WorldCells(BatchedCells):
 
 
 def specificity(claims: list[dict], n_sims: int = 200, resamples: int = 100, seed: int = 0,
-                model: TieModel | None = None, correlation: float = CORRELATION) -> pd.DataFrame:
-    """Per claim: `null_support`, `reversed_support` (NaN where not simulated) and `specificity_note`, at
-    `model`'s test sizes, ties and seed term (default: the paper's; `correlation`: the runs' outcomes')."""
+                model: TieModel | None = None, correlation: float = CORRELATION,
+                kinds: tuple[str, ...] = WORLDS, with_size: bool = True) -> pd.DataFrame:
+    """Per claim: `size` (supported in an exact reproduction; NaN where its cells are not retrieval cells),
+    `null_support`, `reversed_support` (NaN where not simulated), `null_worlds` (how many denied worlds
+    were tried; the largest support counts) and `specificity_note`, at `model`'s test sizes, ties and seed
+    term (default: the paper's) and one between-run correlation `correlation` for every world; only the
+    worlds `kinds`, and the size only `with_size`."""
     rng = np.random.default_rng(seed)
     model = model or paper_model(correlation)
     pool = QueryPool(Bootstrap(BootstrapSettings(resamples=resamples, seed=seed)), rng, model.sizes)
     rows = []
+
+    def support(claim: dict, world: World, decision: dict) -> float:
+        cells = WorldCells(pool, rng, n_sims, world, correlation, model.seed_sd, model.seed_pairs)
+        return sum(v == "supported" for v in batch_verdicts(claim, cells, decision)) / n_sims
+
     for claim in (resolved(c, model) for c in claims):
-        row = {"claim_id": claim["claim_id"], "specificity_note": ""}
+        row = {"claim_id": claim["claim_id"], "specificity_note": "", "size": math.nan, "null_worlds": 0}
         decision = claim.get("real_data_decision", claim["decision"])
-        for kind in WORLDS:
+        if with_size and batchable(claim["statistic"]):
+            row["size"] = support(claim, World(), decision)  # the paper's truth, at the same correlation
+        for kind in kinds:
             world = world_of(claim, kind)
             if isinstance(world, str):
                 row[f"{kind}_support"], row["specificity_note"] = math.nan, world
                 continue
             if isinstance(world, TimingWorld):
                 row[f"{kind}_support"] = _timing_support(claim, pool, rng, world, n_sims)
+                row["null_worlds"] = 1
                 continue
-            row[f"{kind}_support"] = max(
-                sum(v == "supported" for v in batch_verdicts(
-                    claim, WorldCells(pool, rng, n_sims, edge, correlation, model.seed_sd), decision)) / n_sims
-                for edge in (world if isinstance(world, list) else [world]))
+            worlds = world if isinstance(world, list) else [world]
+            row[f"{kind}_support"] = max(support(claim, w, decision) for w in worlds)
+            if kind == "null":
+                row["null_worlds"] = len(worlds)
         rows.append(row)
     return pd.DataFrame(rows)
 
 
 # ---- the rules' specificity, kept beside claims.yaml ------------------------------------------------
 SETTINGS = {"sims": 200, "resamples": 100, "seed": 0, "shift": SHIFT}
+SENSITIVITY_CORRELATIONS = (0.5, 0.95)   # the verdicts' sensitivity to the between-run correlation
 
 
 def measure_rules(claims: list[dict], sims: int, resamples: int, seed: int,
                   correlation: float = CORRELATION) -> dict[str, dict]:
-    """Per claim at the paper's test sizes: `size` (supported in an exact reproduction, independent rows:
-    hnclip.claims.calibration), `null_support`, `reversed_support` and the note, with the rule's hash.
-    The ties are the formula's at the paper's sizes with `correlation` (hnclip.claims.tie)."""
+    """Per claim at the paper's test sizes: `size` (supported in an exact reproduction), `null_support`,
+    `reversed_support`, the note and `correlation` (the one between-run correlation both were measured at;
+    None where the claim reads no retrieval cells), with the rule's hash. Retrieval cells are simulated
+    with correlated runs (`WorldCells`) in every world, the paper's truth included; probes, caption
+    statistics and timings by hnclip.claims.calibration. The ties are the formula's at `correlation`."""
     model = paper_model(correlation)
-    sizes = support_rates(claims, n_sims=sims, resamples=resamples, seed=seed,
-                          model=model).set_index("claim_id")["supported"]
     worlds = specificity(claims, n_sims=sims, resamples=resamples, seed=seed, model=model, correlation=correlation)
+    others = [c for c in claims if not batchable(c["statistic"])]
+    simulated = support_rates(others, n_sims=sims, resamples=resamples, seed=seed, model=model) \
+        .set_index("claim_id")["supported"] if others else {}
     out = {}
     for claim, world in zip(claims, worlds.to_dict("records")):
-        out[claim["claim_id"]] = {"rule_hash": rule_hash(claim), "size": float(sizes[claim["claim_id"]]),
+        cells = batchable(claim["statistic"])
+        size = world["size"] if cells else float(simulated[claim["claim_id"]])
+        out[claim["claim_id"]] = {"rule_hash": rule_hash(claim), "size": float(size),
+                                  "correlation": correlation if cells else None,
                                   **{k: (None if isinstance(v, float) and math.isnan(v) else v)
-                                     for k, v in world.items() if k != "claim_id"}}
+                                     for k, v in world.items() if k not in ("claim_id", "size")}}
     return out
 
 
-def rank_correlation(evals: Path) -> dict:
+def sensitivity(claims: list[dict], sims: int, resamples: int, seed: int) -> dict[str, dict]:
+    """Per correlation of SENSITIVITY_CORRELATIONS: each retrieval-cell rule's size and null support there
+    (the gate's inputs; probes and timings do not depend on it)."""
+    cells = [c for c in claims if batchable(c["statistic"])]
+    out = {}
+    for rho in SENSITIVITY_CORRELATIONS:
+        frame = specificity(cells, n_sims=sims, resamples=resamples, seed=seed, correlation=rho, kinds=("null",))
+        out[f"{rho:g}"] = {r["claim_id"]: {"size": r["size"], "null_support": r["null_support"]}
+                           for r in frame.to_dict("records")}
+    return out
+
+
+def latent_correlation(phi: float, p: float) -> float:
+    """The latent (Gaussian copula) correlation rho whose hits at rate p correlate phi (hit_correlation's
+    inverse, by bisection)."""
+    low, high = -0.999, 0.999
+    for _ in range(50):
+        middle = (low + high) / 2
+        low, high = (middle, high) if hit_correlation(p, middle) < phi else (low, middle)
+    return (low + high) / 2
+
+
+def outcome_correlation(evals: Path) -> dict:
     """The correlation between runs' per-query outcomes on one test set, from evaluation records (and the
-    commits that wrote them)
-    (results/evals/<run>/<benchmark>.json, their best epoch's per-query ranks): for every pair of runs on
-    a test set and direction, the Spearman correlation of their ranks, as the Gaussian copula's ρ
-    (2 sin(π ρ_s / 6)); the median over all pairs, and per test set and direction."""
+    commits that wrote them) (results/evals/<run>/<benchmark>.json, their best epoch's per-query ranks):
+    for every pair of runs on a test set and direction, the correlation phi of their R@1 hits (rank 0),
+    turned into the Gaussian copula's rho at the pair's mean hit rate (`latent_correlation`); the median
+    over all pairs, and per test set and direction."""
     by_test_set: dict[str, dict[str, np.ndarray]] = {}
     commits: set[str] = set()
     for record_path in sorted(evals.glob("*/*.json")):
@@ -352,19 +533,23 @@ def rank_correlation(evals: Path) -> dict:
         commits.add(str(record.get("provenance", {}).get("git", {}).get("commit")))
         for direction, ranks in (record.get("best", {}).get("metrics", {}).get("ranks") or {}).items():
             key = f"{record_path.stem}/{direction}"
-            by_test_set.setdefault(key, {})[record_path.parent.name] = pd.Series(ranks).rank().to_numpy()
+            by_test_set.setdefault(key, {})[record_path.parent.name] = np.asarray(ranks) == 0
     per_set, every = {}, []
     for key, runs in sorted(by_test_set.items()):
-        names = sorted(runs)
-        values = [2 * math.sin(math.pi * float(np.corrcoef(runs[a], runs[b])[0, 1]) / 6)
-                  for i, a in enumerate(names) for b in names[i + 1:] if len(runs[a]) == len(runs[b])]
+        names, values = sorted(runs), []
+        for i, a in enumerate(names):
+            for b in names[i + 1:]:
+                x, y = runs[a], runs[b]
+                if len(x) != len(y) or x.all() or y.all() or not x.any() or not y.any():
+                    continue  # a constant outcome has no correlation
+                values.append(latent_correlation(float(np.corrcoef(x, y)[0, 1]), float((x.mean() + y.mean()) / 2)))
         if values:
             per_set[key] = {"runs": len(names), "median": round(float(np.median(values)), 3)}
             every += values
     if not every:
         raise ValueError(f"{evals}: no evaluation records with per-query ranks of two runs on one test set")
-    return {"correlation": round(float(np.median(every)), 3), "pairs": len(every), "by_test_set": per_set,
-            "records_of_commits": sorted(commits)}
+    return {"correlation": round(float(np.median(every)), 3), "pairs": len(every), "of": "R@1 hits",
+            "by_test_set": per_set, "records_of_commits": sorted(commits)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -374,16 +559,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=SPECIFICITY_FILE)
     parser.add_argument("--correlation-from", type=Path, default=None, metavar="EVALS",
                         help="measure the between-run correlation from these evaluation records (results/evals "
-                             f"of a built profile) instead of taking {CORRELATION}")
+                             "of a built profile; R@1 hits) instead of keeping the one the file records")
+    parser.add_argument("--sims", type=int, default=SETTINGS["sims"])
     args = parser.parse_args(argv)
-    measured_rho = rank_correlation(args.correlation_from) if args.correlation_from else None
+    if args.correlation_from:
+        measured_rho = outcome_correlation(args.correlation_from)
+    elif SPECIFICITY_FILE.is_file():  # the documented fallback: the correlation measured before, as recorded
+        measured_rho = read_json(SPECIFICITY_FILE)["settings"].get("correlation_measured")
+    else:
+        measured_rho = None
     rho = measured_rho["correlation"] if measured_rho else CORRELATION
     claims = claim_definitions()
-    measured = measure_rules(claims, SETTINGS["sims"], SETTINGS["resamples"], SETTINGS["seed"], rho)
+    settings = {**SETTINGS, "sims": args.sims}
+    measured = measure_rules(claims, settings["sims"], settings["resamples"], settings["seed"], rho)
     model = paper_model(rho)
-    settings = {**SETTINGS, "correlation": rho, "correlation_measured": measured_rho, "test_sizes": paper_test_sizes(),
-                "tie": {"z": Z_TIE, "seed_sd": round(model.seed_sd, 4), "seed_source": model.seed_source}}
-    write_json(args.out, {"settings": settings, "claims": measured})
+    sd_low, sd_high = model.seed_sd_interval()
+    settings = {**settings, "correlation": rho, "correlation_measured": measured_rho,
+                "test_sizes": paper_test_sizes(),
+                "tie": {"z": Z_TIE, "seed_sd": round(model.seed_sd, 4), "seed_source": model.seed_source,
+                        "seed_sd_interval": [round(sd_low, 4), round(sd_high, 4)], "seed_pairs": model.seed_pairs}}
+    varied = sensitivity(claims, settings["sims"] // 2, settings["resamples"], settings["seed"])
+    write_json(args.out, {"settings": settings, "claims": measured, "sensitivity": varied})
     print(f"wrote {args.out}: {len(measured)} rules, between-run correlation {rho}")
     return 0
 

@@ -15,6 +15,7 @@ the items into one (REDUCERS, with the statistic's tie `tolerance`). The kinds (
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Callable
 
 import numpy as np
@@ -64,14 +65,20 @@ def _common_epochs(source, rows: list[tuple[str, str]], column: Column) -> list[
     return sorted(set.intersection(*held)) if held else []
 
 
+class Items(list):
+    """A leaf's items with each item's own tie tolerance (`tolerances`, None: the statistic's one)."""
+    tolerances: list[float] | None = None
+
+
 def _contrast(spec: dict, source) -> list[np.ndarray]:
     """a − b (or − the best, or the `b_rank`-th best, of several b) for each pair and column the a row
-    has; with `epochs: each`, one item per epoch both sides evaluated."""
+    has; with `epochs: each`, one item per epoch both sides evaluated. A resolved leaf's `item_ties`
+    (hnclip.claims.tie) tag each item with its column's tie."""
     table, b_table = spec["table"], spec.get("b_table", spec["table"])
     a_selection = spec.get("a_selection", spec.get("selection"))
     b_selection = spec.get("b_selection", spec.get("selection"))
     rank = spec.get("b_rank", 1)
-    items, missing = [], set()
+    items, missing, ties = Items(), set(), []
     for a, b in spec["pairs"]:
         others = [row_of(row, b_table) for row in ([b] if isinstance(b, str) else b)]
         if rank > len(others):
@@ -89,6 +96,7 @@ def _contrast(spec: dict, source) -> list[np.ndarray]:
                 a_draws = _column_draws(source, table, a, column, sel_a, missing)
                 b_draws = [_column_draws(source, t, row, column, sel_b, missing) for row, t in others]
                 if a_draws is not None and all(d is not None for d in b_draws):
+                    ties.append(spec.get("item_ties", {}).get(column.key))
                     arrays = aligned(a_draws, *b_draws)
                     if len(arrays) == 2:
                         items.append(arrays[0] - arrays[1])
@@ -99,6 +107,8 @@ def _contrast(spec: dict, source) -> list[np.ndarray]:
     _raise_if_missing(missing)
     if not items:
         raise CellUnavailable("none of the cells this claim compares", table)
+    if all(t is not None for t in ties):
+        items.tolerances = ties
     return items
 
 
@@ -173,19 +183,39 @@ def _caption_geometry(spec: dict, source) -> list[np.ndarray]:
 
 
 def _paired_timing(spec: dict, source) -> list[np.ndarray]:
-    """The median over rounds of numerator / denominator step seconds, the rounds resampled (their interval):
-    the runs' optimizer steps were taken in turn on the same batches (hnclip.commands.step_timing)."""
+    """The median over rounds of numerator / denominator step seconds, with the median's distribution-free
+    (order-statistic) interval: the runs' optimizer steps were taken on the same batches
+    (hnclip.commands.step_timing)."""
     numerator, denominator = (source.step_times(spec["table"], spec[key]) for key in ("numerator", "denominator"))
     if len(numerator) != len(denominator):
         raise ValueError(f"paired timing: {len(numerator)} and {len(denominator)} rounds")
-    return [source.resample(f"step_timing:{spec['table']}", numerator / denominator,
-                            lambda ratios: np.median(ratios, axis=1))]
+    return [median_draws(numerator / denominator, source.boot.settings.resamples)]
 
 
-# Reducers of a [items, draws] stack; `tol` is the statistic's tie tolerance: an item within it of 0
-# counts for count_positive / count_nonnegative (a tie an exact reproduction cannot resolve).
+def median_draws(values: np.ndarray, resamples: int) -> np.ndarray:
+    """[median, replicates...] of `values` (the last axis) whose percentile interval is the median's
+    distribution-free (order-statistic) interval. The true median lies in gap B of the sorted values
+    (between x_(B) and x_(B+1), 1-based) with B ~ Binomial(n, ½); replicate i sits in the gap at the
+    ((i + ½) / resamples) quantile of B, on its outer edge (x_(B) in the lower half of the quantiles,
+    x_(B+1) in the upper), so the 2.5 and 97.5 % replicates are the interval's ends: x_(6) and x_(15) of 20
+    values (coverage 95.9 %)."""
+    values = np.asarray(values, dtype=float)
+    n = values.shape[-1]
+    ordered = np.sort(values, axis=-1)
+    cdf = np.cumsum([math.comb(n, k) for k in range(n + 1)]) / 2.0 ** n
+    quantiles = (np.arange(resamples) + 0.5) / resamples
+    gaps = np.searchsorted(cdf, quantiles)  # B_i in 0..n
+    ranks = np.clip(np.where(quantiles < 0.5, gaps, gaps + 1), 1, n)
+    return np.concatenate([np.median(values, axis=-1)[..., None], ordered[..., ranks - 1]], axis=-1)
+
+
+# Reducers of a [items, draws] stack; `tol` is the statistic's tie tolerance (a number, or [items, 1]: each
+# item's own): an item within it of 0 counts for count_positive / count_nonnegative (a tie an exact
+# reproduction cannot resolve). second_smallest: "at least all but one of the items" (> 0: n − 1 of n are);
+# a profile with a single item (one benchmark) has no "all but one": that item itself must hold.
 REDUCERS: dict[str, Callable[[np.ndarray, float], np.ndarray]] = {
     "min": lambda x, tol: x.min(axis=0), "max": lambda x, tol: x.max(axis=0), "mean": lambda x, tol: x.mean(axis=0),
+    "second_smallest": lambda x, tol: np.sort(x, axis=0)[min(1, len(x) - 1)],
     "abs_mean": lambda x, tol: np.abs(x).mean(axis=0), "max_abs": lambda x, tol: np.abs(x).max(axis=0),
     "count_positive": lambda x, tol: (x > -tol).sum(axis=0).astype(float),
     "count_nonnegative": lambda x, tol: (x >= -tol).sum(axis=0).astype(float),
@@ -217,7 +247,10 @@ def statistic_items(statistic: dict, source) -> list[np.ndarray]:
         if len(out) != 1:
             raise ValueError(f"`reduce: value` needs one item, got {len(out)}")
         return out
-    return [REDUCERS[reduce](np.stack(aligned(*out)), float(statistic.get("tolerance", 0.0)))]
+    tolerance = float(statistic.get("tolerance", 0.0))
+    if getattr(out, "tolerances", None) is not None and "tolerance" in statistic:
+        tolerance = np.asarray(out.tolerances, dtype=float)[:, None]  # each item's own tie
+    return [REDUCERS[reduce](np.stack(aligned(*out)), tolerance)]
 
 
 def statistic_draws(statistic: dict, source) -> np.ndarray:

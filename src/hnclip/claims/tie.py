@@ -4,20 +4,26 @@ A rule that lets a row "lead or tie" another, or a contrast be "no worse than" z
 largest deficit that the measurement cannot tell from none. claims.yaml never states it as a number; it
 writes `tie` (a statistic's `tolerance: tie`, a decision's `threshold: -tie`), and the rule is judged with
 
-    tie = Z_TIE * SE,   SE = sqrt( 100^2 * 2 * p(1 - p) * (1 - rho) / n  +  2 * seed_sd^2 )   (R@1 points)
+    tie = Z_TIE * SE,   SE = sqrt( sum_parts 100^2 * 2 p(1 - p)(1 - phi) / n  /  k^2  +  2 * seed_sd^2 )   (R@1 points)
 
-the standard error of one paired contrast of two single-seed runs on a test set of n queries: the query
-term at the largest binomial variance (p = 0.5, so no result is read), with the between-run correlation of
-per-query outcomes rho measured on this project's runs (specificity.json's settings), plus the
-between-seed term (each run's seed moves its R@1 by seed_sd, independently). n is the smallest test set
-the claim reads; seed_sd comes from a table of seed replicates (Table A8): this profile's own where built,
-else the paper's. One Z_TIE for every claim.
+the standard error of one paired contrast of two single-seed runs on a column of k cells (one cell, a
+benchmark's mean over both directions, a pooled Avg): each cell's query term is the variance of a paired
+difference of two runs' per-query R@1 hits, 2 p(1 − p)(1 − phi) / n, with p the hit rate (the paper's
+printed value of the compared cells, so no result of a reproduction is read; 0.5 where it prints none) and
+phi the correlation of the two runs' hits, which follows from the latent (Gaussian copula) correlation rho
+of their per-query outcomes at that p (`hit_correlation`; at p = 0.5, phi = (2/π)·arcsin(rho)). The
+between-seed term is one seed effect per run, shared by all its cells (a column's mean keeps it whole).
+n is each cell's own test set. rho is measured on this project's runs (specificity.json's settings);
+seed_sd comes from a table of seed replicates (Table A8): this profile's own where built, else the paper's.
+
+Ties are per item: a contrast's items each get the tie of their own column (`column_ties`, written into the
+leaf as `item_ties` and applied by the count reducers item by item); a claim's one `tie` (its thresholds,
+the scorecard's tolerance column) is the largest of its columns' ties. One Z_TIE for every claim.
 
 A claim of closeness (|Δ| at most some amount, a value within reach of a magnitude the paper states) is
 judged against an equivalence band of `2 * tie` (`threshold: 2 * tie`, `6.8 - 2 * tie`): a 95 % interval of
 half-width tie around an estimate that is off by less than tie fits inside it, which an exact reproduction's
-estimate is 95 % of the time. A band of one tie would fit only an estimate exactly on the truth. The
-mean of several contrasts (k >= 4) has at most half the standard error of one: its band is one tie.
+estimate is 95 % of the time.
 """
 from __future__ import annotations
 
@@ -27,9 +33,11 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import NormalDist
 
-from hnclip.claims.definitions import SPECIFICITY_FILE, statistic_leaves
+from hnclip.claims.definitions import SPECIFICITY_FILE, row_of, statistic_leaves
 from hnclip.claims.evidence import paper_cells
+from hnclip.claims.statistics import statistic_columns
 from hnclip.config import paths
 from hnclip.io import read_json
 from hnclip.report.effects import Column
@@ -37,7 +45,7 @@ from hnclip.report.effects import Column
 Z_TIE = 1.96          # a tie: within the two-sided 95 % band of a contrast that is zero in truth
 CORRELATION = 0.5     # default between-run correlation of per-query outcomes on one test set (latent, Gaussian),
                       # where specificity.json records no measured one
-QUERY_P = 0.5         # the largest binomial variance: the formula reads no result
+QUERY_P = 0.5         # a hit rate where the paper prints none for the compared cells (the largest variance)
 SEED_TABLE = "tableA8"
 SEED_COLUMNS = [("long_dci", "t2i", "R@1"), ("long_dci", "i2t", "R@1")]
 _EXPRESSION = re.compile(r"^\s*(?:(?P<number>[+-]?\d+(?:\.\d*)?)\s*(?P<sign>[+-])|(?P<neg>-)?)\s*"
@@ -52,23 +60,107 @@ class TieModel:
     seed_sd: float
     seed_source: str
     read: tuple[str, ...] = ()    # the files the sizes and the seed SD came from (lineage)
+    seed_pairs: int = 0           # the seed pairs seed_sd comes from: its uncertainty (0: taken as exact)
 
-    def standard_error(self, n: int) -> float:
-        """SE (R@1 points) of a paired contrast of two single-seed runs on n queries."""
-        query = 100.0 ** 2 * 2 * QUERY_P * (1 - QUERY_P) * (1 - self.correlation) / n
+    def seed_sd_interval(self, confidence: float = 0.95) -> tuple[float, float]:
+        """The chi-square interval of the seed SD from `seed_pairs` pairs (each pair's difference / √2 one
+        degree of freedom); (seed_sd, seed_sd) where it is taken as exact."""
+        if self.seed_pairs < 1:
+            return self.seed_sd, self.seed_sd
+        low, high = _chi2_quantile(self.seed_pairs, (1 + confidence) / 2), _chi2_quantile(self.seed_pairs,
+                                                                                         (1 - confidence) / 2)
+        return self.seed_sd * math.sqrt(self.seed_pairs / low), self.seed_sd * math.sqrt(self.seed_pairs / high)
+
+    def query_variance(self, n: int, p: float = QUERY_P) -> float:
+        """Variance (R@1 points²) of the paired difference of two runs' hit rates on n queries at hit rate p."""
+        return 100.0 ** 2 * paired_hit_variance(p, self.correlation) / n
+
+    def standard_error(self, n: int, p: float = QUERY_P) -> float:
+        """SE (R@1 points) of a paired contrast of two single-seed runs on one cell of n queries at hit rate p."""
+        return math.sqrt(self.query_variance(n, p) + 2 * self.seed_sd ** 2)
+
+    def column_standard_error(self, cells: list[tuple[str, float]]) -> float:
+        """SE of a paired contrast on a column, the mean of `cells` ((benchmark, p) each, on its own test
+        set, independent query sets); the seed term is the run's, shared by the column's cells."""
+        k = len(cells)
+        query = sum(self.query_variance(self._size(b), p) for b, p in cells) / k ** 2
         return math.sqrt(query + 2 * self.seed_sd ** 2)
 
-    def tie(self, claim: dict) -> float:
-        """The claim's tie tolerance: Z_TIE times the SE on the smallest test set it reads."""
-        benchmarks = claim_benchmarks(claim)
-        known = [self.sizes[b] for b in benchmarks if b in self.sizes]
-        if not known:
+    def _size(self, benchmark: str) -> int:
+        if benchmark not in self.sizes:
+            raise ValueError(f"no test-set size for {benchmark!r}")
+        return self.sizes[benchmark]
+
+    def column_ties(self, spec: dict, z: float = Z_TIE) -> dict[str, float]:
+        """A contrast leaf's tie per column (its key), each from its own cells' test sets and hit rates."""
+        return {column.key: z * self.column_standard_error(
+                    [(part[0], leaf_hit_rate(spec, part)) for part in column.parts])
+                for column in statistic_columns(spec["columns"])}
+
+    def tie(self, claim: dict, z: float = Z_TIE) -> float:
+        """The claim's tie tolerance: the largest of its columns' ties (a single column's own)."""
+        ties = [t for leaf in statistic_leaves(claim["statistic"]) for spec in leaf.values()
+                if isinstance(spec, dict) and "columns" in spec
+                for t in self.column_ties(spec, z).values()]
+        if not ties:
+            benchmarks = claim_benchmarks(claim)
             raise ValueError(f"claim {claim['claim_id']}: no test-set size for {sorted(benchmarks) or 'its cells'}")
-        return Z_TIE * self.standard_error(min(known))
+        return max(ties)
 
     def describe(self) -> str:
         return (f"tie = {Z_TIE:g} × SE of a paired single-seed contrast (ρ {self.correlation:.3f}, seed SD "
                 f"{self.seed_sd:.2f} R@1 from {self.seed_source})")
+
+
+def paired_hit_variance(p: float, rho: float) -> float:
+    """Var(X − Y) of two Bernoulli(p) hits whose latent Gaussian outcomes correlate rho: 2 p(1 − p)(1 − phi)."""
+    return 2 * p * (1 - p) * (1 - hit_correlation(p, rho))
+
+
+def hit_correlation(p: float, rho: float) -> float:
+    """phi, the correlation of two Bernoulli(p) hits that are {Z_1 < h}, {Z_2 < h} for standard normals of
+    correlation rho (h = Φ⁻¹(p)): (P(both) − p²) / (p(1 − p)), with P(both) − p² by Plackett's identity
+    ∫_0^rho exp(−h²/(1 + r)) / (2π sqrt(1 − r²)) dr (midpoint rule after r = sin θ, smooth up to rho = 1)."""
+    if not 0 < p < 1:
+        return 1.0
+    h = NormalDist().inv_cdf(p)
+    steps = 2000
+    top = math.asin(max(-1.0, min(1.0, rho)))
+    width = top / steps
+    covariance = sum(math.exp(-h * h / (1 + math.sin((i + 0.5) * width))) for i in range(steps)) * width / (2 * math.pi)
+    return covariance / (p * (1 - p))
+
+
+def leaf_hit_rate(spec: dict, part: tuple[str, str, str]) -> float:
+    """The hit rate of a contrast's cell: the mean of the paper's printed values of the rows it compares
+    (QUERY_P where it prints none); a leaf without rows (a trajectory's, a spread's rows are `rows`)."""
+    values = []
+    for table, row in _leaf_rows(spec):
+        try:
+            value = paper_cells(table).value(row, Column(*part, parts=(part,)))
+        except Exception:  # a row or table the paper does not print (a check of ours)
+            continue
+        if value is not None and not math.isnan(value):
+            values.append(value / 100.0)
+    return min(max(sum(values) / len(values), 0.001), 0.999) if values else QUERY_P
+
+
+def _leaf_rows(spec: dict) -> list[tuple[str, str]]:
+    table, b_table = spec.get("table"), spec.get("b_table", spec.get("table"))
+    rows = [(table, r) for r in spec.get("rows", [])]
+    rows += [(table, r) for r in [*spec.get("reference", []), *spec.get("replicate", [])]]
+    for a, bs in spec.get("pairs", []):
+        rows.append((table, a))
+        for b in ([bs] if isinstance(bs, str) else bs):
+            row, other = row_of(b, b_table)
+            rows.append((other, row))
+    return rows
+
+
+def _chi2_quantile(df: int, q: float, draws: int = 200_000) -> float:
+    """A chi-square quantile (df degrees of freedom), by simulation with a fixed seed (no scipy here)."""
+    import numpy as np
+    return float(np.quantile(np.random.default_rng(0).chisquare(df, draws), q))
 
 
 def claim_benchmarks(claim: dict) -> set[str]:
@@ -98,12 +190,26 @@ def _value(text, tie: float):
     return -width if match["neg"] else width
 
 
-def resolved(claim: dict, model: TieModel) -> dict:
+def resolved(claim: dict, model: TieModel, z: float = Z_TIE) -> dict:
     """The claim with every `tie` expression replaced by its value on `model`'s profile, and `tie` (None
-    where the rule has none); a claim resolved already is returned as it is."""
+    where the rule has none); a statistic's `tolerance: tie` also puts each contrast leaf's ties per column
+    (`item_ties`, hnclip.claims.statistics applies them item by item). A claim resolved already is returned
+    as it is; `z`: the ties' multiple of the standard error (Z_TIE; the paper's borderline check moves it)."""
     if "tie" in claim:
         return claim
-    return with_tie(claim, model.tie(claim) if uses_tie(claim) else None)
+    out = with_tie(claim, model.tie(claim, z) if uses_tie(claim) else None)
+    if out["tie"] is not None:
+        _put_item_ties(out["statistic"], claim["statistic"], model, z)
+    return out
+
+
+def _put_item_ties(statistic: dict, symbolic: dict, model: TieModel, z: float) -> None:
+    """Each contrast leaf directly under a statistic whose `tolerance` is `tie` gets its ties per column."""
+    for composite in ("difference", "concat"):
+        for sub, sub_symbolic in zip(statistic.get(composite, []), symbolic.get(composite, [])):
+            _put_item_ties(sub, sub_symbolic, model, z)
+    if symbolic.get("tolerance") == "tie" and "contrast" in statistic:
+        statistic["contrast"]["item_ties"] = model.column_ties(statistic["contrast"], z)
 
 
 def with_tie(claim: dict, tie: float | None) -> dict:
@@ -147,9 +253,13 @@ def _seed_pairs(value) -> list[tuple[float, float]]:
     return pairs
 
 
-def paper_seed_sd() -> tuple[float, str]:
+def paper_seed_pairs() -> list[tuple[float, float]]:
     cells = paper_cells(SEED_TABLE)
-    pairs = _seed_pairs(lambda row, c: cells.value(row, Column(*c, parts=(c,))))
+    return _seed_pairs(lambda row, c: cells.value(row, Column(*c, parts=(c,))))
+
+
+def paper_seed_sd() -> tuple[float, str]:
+    pairs = paper_seed_pairs()
     return math.sqrt(seed_variance(pairs)), f"the paper's Table A8 ({len(pairs)} R@1 pairs of seeds 42/43)"
 
 
@@ -180,7 +290,7 @@ def paper_test_sizes() -> dict[str, int]:
 def paper_model(correlation: float) -> TieModel:
     """The formula at the paper's test sizes (Table A1) with the paper's seed spread."""
     sd, source = paper_seed_sd()
-    return TieModel(paper_test_sizes(), correlation, sd, source)
+    return TieModel(paper_test_sizes(), correlation, sd, source, seed_pairs=len(paper_seed_pairs()))
 
 
 def measured_correlation() -> float:

@@ -37,17 +37,17 @@ from hnclip.claims.tie import (
     paper_model,
     profile_model,
     resolved,
-    with_tie,
 )
 from hnclip.config.registry import NOT_IMPLEMENTED, Registry
 from hnclip.evaluation.bootstrap import Bootstrap
 from hnclip.report.effects import CellUnavailable, format_evidence, summarise
 
 VERDICT_MEANINGS = {
-    "supported": "the whole 95 % interval satisfies the claim's decision, by a rule that an absence of the "
-                 "claimed effect passes at most 10 % of the time (its null support) and an exact reproduction of "
-                 "the paper at least 90 % (its size), both at the paper's test sizes",
-    "consistent": "the interval satisfies the decision, but the rule passes without the claimed effect too (null "
+    "supported": "the whole 95 % interval satisfies the claim's decision, by a rule that the world it is meant to "
+                 "deny (the claim false in the least favourable way, e.g. one of K items without the effect) passes "
+                 "at most 10 % of the time (its null support) and an exact reproduction of the paper at least 90 % "
+                 "(its size), both at the paper's test sizes and one between-run correlation",
+    "consistent": "the interval satisfies the decision, but the rule passes the world it denies too (null "
                   "support above 10 %), passes an exact reproduction less than 90 % of the time, or its null "
                   "support is not measured: the data agree with the claim without confirming it",
     "contradicted": "none of the interval does",
@@ -208,17 +208,15 @@ def paper_judgement(claim: dict, conditions: dict | None = None) -> dict:
 
 def _paper_borderline(claim: dict, resolved_claim: dict, row: dict, model: TieModel, conditions) -> bool:
     """Whether one standard error of a contrast at the paper's test sizes moves the paper's verdict."""
-    tie = resolved_claim.get("tie")
-    if tie:  # the verdict with the tie one standard error narrower and wider
-        se = tie / Z_TIE
-        verdicts = {judge_claim(with_tie(claim, tie + step), PaperSource(), conditions or paper_conditions(),
-                                Bootstrap())["verdict"] for step in (-se, se)}
+    if resolved_claim.get("tie"):  # the verdict with every tie one standard error narrower and wider
+        verdicts = {judge_claim(resolved(claim, model, Z_TIE + step), PaperSource(),
+                                conditions or paper_conditions(), Bootstrap())["verdict"] for step in (-1.0, 1.0)}
         return len(verdicts) > 1
     decision = claim_decision(resolved_claim, real_data=True)
-    sizes = [model.sizes[b] for b in claim_benchmarks(claim) if b in model.sizes]
-    if decision["op"] == "between" or not sizes or str(claim["statistic"].get("reduce")).startswith("count"):
+    if decision["op"] == "between" or not claim_benchmarks(claim) or \
+            str(claim["statistic"].get("reduce")).startswith("count"):
         return False  # not a difference of R@1 points against its threshold
-    return abs(row["reproduced_value"] - decision["threshold"]) < model.standard_error(min(sizes))
+    return abs(row["reproduced_value"] - decision["threshold"]) < model.tie(claim) / Z_TIE
 
 
 def _self_consistent(verdict: str):

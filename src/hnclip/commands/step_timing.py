@@ -1,8 +1,10 @@
 """`hnclip step-timing`: the timing claims' controlled measurement. The timing table's runs (Table A3's
-rows, params.yaml `derived_tables.<timing table>.paired_timing`) take optimizer steps in turn on the same
-accumulation groups (hnclip.training.step_timing), and results/stats/step_timing.json records every
-round's seconds with provenance. The claims scorecard judges `paired_timing` statistics from it (an
-interval over the rounds); Table A3 keeps each run's own wall clock."""
+rows, params.yaml `derived_tables.<timing table>.paired_timing`) take optimizer steps on the same distinct
+accumulation groups in a random order, each at its own compute batch (alone on a GPU; in turn on a CPU:
+hnclip.training.step_timing), and results/stats/step_timing.json records every round's seconds, the
+groups, the orders and each run's compute batch, with provenance. The claims scorecard judges
+`paired_timing` statistics from it (an interval over the rounds); Table A3 keeps each run's own wall
+clock."""
 from __future__ import annotations
 
 import time

@@ -130,6 +130,9 @@ def image_batches(dataset, batch_size: int, workers: int | None = None,
     epoch's evaluation) reads this process's cache instead of starting workers again."""
     workers = getattr(dataset, "loader_workers", 0) if workers is None else workers
     spans = [list(range(start, min(start + batch_size, len(dataset)))) for start in range(0, len(dataset), batch_size)]
+    if getattr(dataset, "pixels", None) is not None:  # the image cache: nothing to decode
+        yield from cached_image_batches(dataset, spans, device)
+        return
     if workers == 0 or all(dataset.cached(i) for i in range(len(dataset))):
         for span in spans:
             yield torch.stack([dataset.image(i) for i in span])
@@ -141,6 +144,22 @@ def image_batches(dataset, batch_size: int, workers: int | None = None,
             if not dataset.cached(index):
                 dataset.keep(index, item.value[k].clone())  # its own storage, not a view of the batch
         yield item.value
+
+
+def cached_image_batches(dataset, spans: list[list[int]], device: str | torch.device) -> Iterator[torch.Tensor]:
+    """The image cache's batches of `spans`, normalized on `device`: read from the memory map, copied as
+    uint8 (from pinned pages, without blocking, on an accelerator), normalized there. The next batch is read
+    while the device works on this one."""
+    for span in spans:
+        yield dataset.normalize(to_device(dataset.pixels.take(span), device))
+
+
+def to_device(tensor: torch.Tensor, device: str | torch.device) -> torch.Tensor:
+    """`tensor` on `device`; to an accelerator from pinned memory without blocking the host (the caching
+    host allocator keeps the pinned pages until the copy is done)."""
+    if not pins_memory(device):
+        return tensor.to(device)
+    return (tensor if tensor.is_pinned() else tensor.pin_memory()).to(device, non_blocking=True)
 
 
 class _ImageStack:

@@ -5,15 +5,21 @@ L2-normalized and compared in fp32. Tie rule (explicit, because bf16 features an
 captions do produce exact ties): with `pessimistic`, every other candidate whose score equals the
 ground truth's is ranked above it; with `optimistic`, below it. The number of queries whose
 ground-truth score is tied with another candidate is recorded either way.
+
+Out of memory while encoding: the batch is halved and retried (`hnclip.runtime.out_of_memory.HalvingBatch`);
+each item's features do not depend on its batch, so the numbers are the same, and the record says so
+(`memory_fallback`: the size asked for, the size used, each halving).
 """
 from __future__ import annotations
 
 import contextlib
+import sys
 
 import torch
 
 from hnclip.data.feeding import image_batches
 from hnclip.models.towers import encode_image, encode_text
+from hnclip.runtime.out_of_memory import HalvingBatch
 
 
 @contextlib.contextmanager
@@ -26,24 +32,41 @@ def _eval_mode(model):
         model.train(was_training)
 
 
+def _log(line: str) -> None:
+    print(f"evaluation: {line}", file=sys.stderr)
+
+
+def _encoded(encode, batch: torch.Tensor, device, halving: HalvingBatch | None) -> torch.Tensor:
+    """encode(batch) in pieces of `halving.size` (all at once without one), fp32 on the CPU; a piece that
+    runs out of memory halves the size and the batch is encoded again."""
+    def attempt(size: int) -> torch.Tensor:
+        return torch.cat([encode(batch[start:start + size].to(device)).float().cpu()
+                          for start in range(0, len(batch), size)])
+    if halving is None:
+        return attempt(len(batch))
+    return halving.run(attempt, device, _log)
+
+
 @torch.no_grad()
 def encode_images(model, dataset, batch_size: int = 256, device: str | torch.device = "cpu",
-                  workers: int | None = None) -> torch.Tensor:
+                  workers: int | None = None, halving: HalvingBatch | None = None) -> torch.Tensor:
     """Image features of a test split, fp32, L2-normalized, in manifest order. The images are decoded by
-    `workers` processes (default: the dataset's `loader_workers`; 0: this one), batch by batch in order."""
+    `workers` processes (default: the dataset's `loader_workers`; 0: this one), batch by batch in order;
+    `halving`: the out-of-memory fallback the batches are encoded with (see the module's docstring)."""
     with _eval_mode(model):
-        return torch.cat([encode_image(model, images.to(device)).float().cpu()
+        return torch.cat([_encoded(lambda part: encode_image(model, part), images, device, halving)
                           for images in image_batches(dataset, batch_size, workers, device)])
 
 
 @torch.no_grad()
-def encode_texts(model, dataset, batch_size: int = 256, device: str | torch.device = "cpu") -> torch.Tensor:
+def encode_texts(model, dataset, batch_size: int = 256, device: str | torch.device = "cpu",
+                 halving: HalvingBatch | None = None) -> torch.Tensor:
     """Caption features of a test split, fp32, L2-normalized, in manifest order. Captions are encoded
     in order of length, so each batch is trimmed to captions of similar length (the causal text
     tower makes a caption's features independent of the padding it is batched with)."""
     order = torch.argsort(dataset.tokens.argmax(dim=-1), stable=True)  # by EOT position (the highest id)
     with _eval_mode(model):
-        chunks = [encode_text(model, dataset.tokens[order[start:stop]].to(device)).float().cpu()
+        chunks = [_encoded(lambda part: encode_text(model, part), dataset.tokens[order[start:stop]], device, halving)
                   for start, stop in _spans(len(dataset), batch_size)]
     return torch.cat(chunks)[torch.argsort(order)]  # back to manifest order
 
@@ -95,10 +118,14 @@ def evaluate_model(model, dataset, ks, tie_rule, batch_size=256, device="cpu",
     that shows the same images in the same order (Long-DCI re-describes DCI's test images) reuses
     them instead of encoding them again."""
     key = tuple(row.image for row in dataset.rows)
+    halving = HalvingBatch(batch_size, what="eval_batch_size")  # out of memory: halved (the record says so)
     if image_features is not None and key in image_features:
         img = image_features[key]
     else:
-        img = encode_images(model, dataset, batch_size, device)
+        img = encode_images(model, dataset, batch_size, device, halving=halving)
         if image_features is not None:
             image_features[key] = img
-    return recall_at_k(img, encode_texts(model, dataset, batch_size, device), ks, tie_rule)
+    result = recall_at_k(img, encode_texts(model, dataset, batch_size, device, halving), ks, tie_rule)
+    if halving.record() is not None:
+        result["memory_fallback"] = halving.record()
+    return result

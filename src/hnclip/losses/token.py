@@ -7,19 +7,21 @@ For image i with patch tokens v_ik and caption j with non-padding tokens t_jr (b
 
     L_tok = ( CE(s * sim_i2t, y) + CE(s * sim_t2i^T, y) ) / 2,   y_i = i.
 
-The full B x B x P x T similarity tensor is large (B=128, P=257, T=248 is ~1e9 entries), so the
-public entry points build it one chunk of captions at a time and wrap each chunk in activation
-checkpointing: only the two [B, chunk] score blocks are kept for backward, and each chunk's
-B x chunk x P x T tensor is rebuilt during backward. Peak memory is therefore O(B * chunk * P * T).
+The full B x B x P x T similarity tensor is large (B=128, P=256, T=248 is ~1e9 entries), so the
+public entry points build it one chunk of captions at a time, inside one autograd function per chunk
+(`_BestMatches`) that keeps for backward only the two max reductions' argmax indices ([B, C, P] and
+[B, C, T]) besides the token features: a chunk's B x C x P x T cosines exist only while its forward runs,
+and its gradient (non-zero only at the two argmaxes) is scattered into one dense tensor for the two
+matrix products of backward. Peak memory is therefore O(B * chunk * P * T), with no recomputation and
+none of the full-size intermediates generic autograd keeps or builds for a masked copy and two amax
+reductions (benchmarks/token_term_profile.py measures both). Where a row's maximum is tied (continuous
+features practically never are), the gradient goes to one of the tied entries, as `torch.max` does.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
-
-RECOMPUTE_ABOVE_BYTES = 256 * 2**20  # fp32 cosines of one chunk; the paper's 16 x 16 x 257 x 248 is 65 MB
 
 
 def _symmetric_cross_entropy(logits_i2t: torch.Tensor, logits_t2i: torch.Tensor) -> torch.Tensor:
@@ -47,17 +49,49 @@ def _normalize_tokens(image_tokens, text_tokens, text_padding_mask):
     return F.normalize(image_tokens, dim=-1), F.normalize(text_tokens, dim=-1)
 
 
+class _BestMatches(torch.autograd.Function):
+    """Each patch's best word and each word's best patch of B images against one chunk of C captions.
+
+    forward(images [B, P, D], texts [C, T, D], padding [C, T]) -> best word per patch [B, C, P] (padded
+    words excluded) and best patch per word [B, C, T] (-inf at padded words). Saves the argmax indices,
+    not the [B, C, P, T] cosines; backward scatters the two incoming gradients to the argmaxes and runs
+    the two matrix products of the cosines' einsum backward.
+    """
+
+    @staticmethod
+    def forward(ctx, images, texts, padding):
+        cosines = torch.einsum("ipd,jtd->ijpt", images, texts)                  # [B, C, P, T]
+        cosines.masked_fill_(padding[None, :, None, :], float("-inf"))         # in place: no copy
+        best_word, word_index = cosines.max(dim=-1)
+        best_patch, patch_index = cosines.max(dim=-2)
+        ctx.save_for_backward(images, texts, word_index, patch_index)
+        return best_word, best_patch
+
+    @staticmethod
+    def backward(ctx, grad_best_word, grad_best_patch):
+        images, texts, word_index, patch_index = ctx.saved_tensors
+        (batch, chunk, patches), words = word_index.shape, patch_index.shape[-1]
+        dtype = torch.promote_types(images.dtype, texts.dtype)  # the forward's scores may be autocast's
+        grad = torch.zeros(batch, chunk, patches, words, dtype=dtype, device=images.device)
+        grad.scatter_add_(-1, word_index.unsqueeze(-1), grad_best_word.to(dtype).unsqueeze(-1))
+        grad.scatter_add_(-2, patch_index.unsqueeze(-2), grad_best_patch.to(dtype).unsqueeze(-2))
+        grad_images = grad_texts = None
+        if ctx.needs_input_grad[0]:
+            grad_images = torch.einsum("ijpt,jtd->ipd", grad, texts.to(dtype)).to(images.dtype)
+        if ctx.needs_input_grad[1]:
+            grad_texts = torch.einsum("ijpt,ipd->jtd", grad, images.to(dtype)).to(texts.dtype)
+        return grad_images, grad_texts, None
+
+
 def _chunk_scores(image_tokens: torch.Tensor, text_tokens: torch.Tensor,
                   text_padding_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Late-interaction scores of all images against one chunk of C captions.
 
     image_tokens [B, P, D] and text_tokens [C, T, D] normalized; returns two [B, C] blocks.
     """
-    cosines = torch.einsum("ipd,jtd->ijpt", image_tokens, text_tokens)       # [B, C, P, T]
-    padding = text_padding_mask[None, :, None, :]                           # [1, C, 1, T]
-    best_word_per_patch = cosines.masked_fill(padding, float("-inf")).amax(dim=-1)  # [B, C, P]
+    best_word_per_patch, best_patch_per_word = _BestMatches.apply(image_tokens, text_tokens, text_padding_mask)
     sim_i2t = best_word_per_patch.mean(dim=-1)
-    best_patch_per_word = cosines.amax(dim=-2).masked_fill(padding[:, :, 0], 0.0)   # [B, C, T]
+    best_patch_per_word = best_patch_per_word.masked_fill(text_padding_mask[None], 0.0)   # [B, C, T]
     words_per_caption = (~text_padding_mask).sum(dim=-1).to(best_patch_per_word.dtype)
     sim_t2i = best_patch_per_word.sum(dim=-1) / words_per_caption
     return sim_i2t, sim_t2i
@@ -75,19 +109,10 @@ def late_interaction_similarities(image_tokens: torch.Tensor, text_tokens: torch
     chunk_size = texts.shape[0] if chunk_size is None else int(chunk_size)
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    # Checkpointing only pays when a backward pass will follow and a chunk's [B, C, P, T] cosines
-    # are large enough to matter: below that, recomputing them costs time and saves nothing useful.
-    chunk_bytes = images.shape[0] * min(chunk_size, texts.shape[0]) * images.shape[1] * texts.shape[1] * 4
-    recompute = (torch.is_grad_enabled() and (images.requires_grad or texts.requires_grad)
-                 and chunk_bytes > RECOMPUTE_ABOVE_BYTES)
     blocks_i2t, blocks_t2i = [], []
     for start in range(0, texts.shape[0], chunk_size):
         rows = slice(start, start + chunk_size)
-        chunk = (images, texts[rows], text_padding_mask[rows])
-        if recompute:
-            sim_i2t, sim_t2i = checkpoint(_chunk_scores, *chunk, use_reentrant=False)
-        else:
-            sim_i2t, sim_t2i = _chunk_scores(*chunk)
+        sim_i2t, sim_t2i = _chunk_scores(images, texts[rows], text_padding_mask[rows])
         blocks_i2t.append(sim_i2t)
         blocks_t2i.append(sim_t2i)
     return torch.cat(blocks_i2t, dim=1), torch.cat(blocks_t2i, dim=1)

@@ -12,6 +12,7 @@ from hnclip.errors import UserError
 @dataclass(frozen=True)
 class Settings:
     rates: str = "paper"              # `paper` (PAPER_RATES) or a JSON-lines file of benchmarks/throughput.py
+    auxiliary_rates: str | None = None   # measured segment rates: benchmarks/results/auxiliary_throughput.jsonl
     safety_factor: float = 1.5
     startup_min: float = 15.0         # start, backbone load, data indexing, checkpoint writes
     partition_limit_min: int | None = None   # the longest time limit the partition allows
@@ -35,10 +36,12 @@ def parse_minutes(text: str | int) -> int:
     return int(days or 0) * 1440 + hours * 60 + minutes + math.ceil(seconds / 60)
 
 
-def settings_of(reg: Registry, rates: str | None = None, partition_limit: str | int | None = None) -> Settings:
+def settings_of(reg: Registry, rates: str | None = None, partition_limit: str | int | None = None,
+                auxiliary_rates: str | None = None) -> Settings:
     """params.yaml `planning` (`partition_limit`: minutes or D-HH:MM:SS), overridden by the arguments."""
     raw = dict(reg.params.get("planning", {}))
     limit = raw.pop("partition_limit", None) if partition_limit is None else partition_limit
     raw.pop("partition_limit", None)
     settings = Settings(**raw, partition_limit_min=None if limit in (None, "") else parse_minutes(limit))
-    return replace(settings, rates=rates) if rates else settings
+    settings = replace(settings, rates=rates) if rates else settings
+    return replace(settings, auxiliary_rates=auxiliary_rates) if auxiliary_rates else settings

@@ -68,9 +68,19 @@ def _params_mismatch(root: Path, stage: str, path: str, state: dict, lock: dict)
     current = yaml.safe_load(current_file.read_text()) if current_file.is_file() else {}
     keys = sorted(state)
     return Mismatch("dvc.lock", path, json_sha256({k: locked.get(k) for k in keys}),
-                    json_sha256({k: (current or {}).get(k) for k in keys}) if current_file.is_file() else "missing",
+                    json_sha256({k: _dotted(current or {}, k) for k in keys}) if current_file.is_file() else "missing",
                     f"stage {stage}: {path} params changed since the last dvc repro "
                     f"({', '.join(f'{k} {state[k]}' for k in keys)}): params changed without rerun")
+
+
+def _dotted(params: dict, key: str):
+    """A params value by DVC's key, which may be a dotted path (`profiles.tiny.recipe`), as dvc.lock stores it."""
+    value = params
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
 
 
 def _dvc_change(root: Path, stage: str, change, lock: dict) -> list[Mismatch]:

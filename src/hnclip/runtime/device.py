@@ -10,11 +10,13 @@ import contextlib
 import importlib
 import platform
 import re
+from pathlib import Path
 from typing import ContextManager
 
 import torch
 
 from hnclip.errors import UserError
+from hnclip.runtime.accelerator_needs import LOCK_FILE, findings, refusal
 
 DEVICE_PREFERENCE = ("npu", "cuda", "mps", "cpu")
 PRECISIONS = ("fp32", "bf16")
@@ -23,6 +25,10 @@ AUTOCAST_DEVICE_TYPES = ("cuda", "npu")  # where "bf16" turns on autocast; elsew
 
 class DeviceUnavailableError(UserError, RuntimeError):
     """The requested device is not present on this machine."""
+
+
+class AcceleratorRequiredError(DeviceUnavailableError):
+    """The profile needs an accelerator (execution.require_accelerator) and only the CPU would run."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -105,6 +111,30 @@ def resolve_device(requested: str | torch.device = "auto") -> torch.device:
     return _torch_device(kind, index)
 
 
+def device_needs_problem(execution: dict, lock: Path = LOCK_FILE) -> str | None:
+    """Why a job of this execution section would refuse to start here (`hnclip.runtime.accelerator_needs.refusal`);
+    None when its needs are met: no `require_accelerator`, an explicit `device: cpu`, or an accelerator answers."""
+    requested = str(execution.get("device", "auto")).strip().lower()
+    if not execution.get("require_accelerator") or requested == "cpu":
+        return None
+    available = available_devices()
+    if requested == "auto":
+        if set(available) - {"cpu"}:
+            return None
+    else:
+        kind, index = parse_device(requested)
+        if kind in available and (index or 0) < available[kind]:
+            return None
+    return refusal(requested, findings(available, lock))
+
+
+def require_device_needs(execution: dict, lock: Path = LOCK_FILE) -> None:
+    """Raise AcceleratorRequiredError where `device_needs_problem` finds a problem."""
+    problem = device_needs_problem(execution, lock)
+    if problem:
+        raise AcceleratorRequiredError(problem)
+
+
 def configure_tf32(device: torch.device | str, enabled: bool = True) -> bool | None:
     """TF32 for fp32 matmuls and convolutions on CUDA (execution.tf32, default on): fp32 evaluation, the
     gradient probe's fp32 half, FineLIP's fp32 training, SAM and the matcher run on tensor cores with a
@@ -120,7 +150,8 @@ def configure_tf32(device: torch.device | str, enabled: bool = True) -> bool | N
 
 def compute_device(execution: dict, requested: str | None = None) -> torch.device:
     """The device a job computes on (`resolve_device` of execution.device, or `requested`), with TF32 set
-    as execution.tf32 asks (`configure_tf32`)."""
+    as execution.tf32 asks (`configure_tf32`). Whether the job may run here at all is the CLI's check for its
+    GPU verbs (`require_device_needs`): a job that loads a model without needing a GPU (a gather) must not refuse."""
     device = resolve_device(requested or execution["device"])
     configure_tf32(device, execution.get("tf32", True))
     return device

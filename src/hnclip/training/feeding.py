@@ -10,7 +10,8 @@ against the micro-batch the loop asks for. The loop therefore gets the same micr
 order either way, and trains to the same weights.
 
 This is safe because every framework's `load` is a pure function of its indices: HN-CLIP's and
-FineLIP's (`PairDataset.batch`: decode, open_clip's eval transform, tokens made up front), GOAL's and
+FineLIP's (`PairDataset.batch`: decode, open_clip's eval transform, tokens made up front; with the image
+cache on an accelerator `PairDataset.pixel_batch`, uint8 pixels that `Method.to_device` normalizes), GOAL's and
 StructXLIP's (`hnclip.auxiliary.batches`: the same images plus precomputed segments, edge maps and
 filtered captions, tokenized deterministically). None draws random numbers, so a worker's RNG cannot
 change what it returns. Their per-sample caches are per worker, as the images'.

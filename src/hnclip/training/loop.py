@@ -41,10 +41,16 @@ from hnclip.hashing import file_sha256, json_sha256, weights_digest
 from hnclip.io import read_json, write_json
 from hnclip.losses.objective import with_run_seed
 from hnclip.models.factory import save_weights
+from hnclip.models.towers import compile_towers
 from hnclip.runtime.device import autocast_context, configure_tf32
 from hnclip.training import memory
 from hnclip.training.batching import accumulation_groups, epoch_micro_batches
-from hnclip.training.checkpoint import load_checkpoint, save_checkpoint, selected_weights_path
+from hnclip.training.checkpoint import (
+    CheckpointWriter,
+    load_checkpoint,
+    remove_stale_parts,
+    selected_weights_path,
+)
 from hnclip.training.compute_batch import compute_batch_backward
 from hnclip.training.curves import TrainingCurves
 from hnclip.training.distributed import Distributed, distributed_session
@@ -63,7 +69,7 @@ from hnclip.training.outputs import (
 )
 from hnclip.training.probe import GradientProbe
 from hnclip.training.schedule import build_optimizer, clamp_logit_scale, cosine_lr, set_learning_rates
-from hnclip.training.selection import epoch_weights_path, prune_selected, selected_epoch, selected_weights_file
+from hnclip.training.selection import epoch_weights_path, selected_epoch, selected_weights_file
 from hnclip.training.state import LoopState, timed
 from hnclip.training.step import (
     NonFiniteLossError,  # noqa: F401 - part of this module's API
@@ -74,6 +80,8 @@ from hnclip.training.step import (
     step_record,
     summarise_epoch,
 )
+
+DEFAULT_CHECKPOINT_MINUTES = 10   # execution.checkpoint_every_minutes: a kill loses at most this much training
 
 
 @dataclass
@@ -101,6 +109,9 @@ class TrainJob:
     # the sha256 a downloaded init checkpoint must have (the profile's source table); None: the release's pin
     init_sha256: str | None = None
     curves_dir: Path | None = None   # TensorBoard curves of this run (logs/<profile>/<run>; None: none)
+    # train (resuming) through this epoch (1-based), commit its checkpoint and stop: a part of a run that
+    # fits a partition's time limit; the last epoch (or None) finishes the run and writes its outputs
+    until_epoch: int | None = None
 
 
 def train(job: TrainJob) -> dict:
@@ -130,6 +141,9 @@ class _Run:
     faults: Faults
     tf32: bool | None       # TF32 matmuls on CUDA (None: not applicable on this device)
     feed: MicroBatchFeed | None = None   # loader workers' micro-batches (execution.loader_workers > 0)
+    checkpoints: CheckpointWriter | None = None   # the resume checkpoints' background writer (rank 0)
+    resume: dict | None = None   # the checkpoint resumed from and any newer that failed to load (train.json)
+    train_set: PairDataset | None = None
 
     @property
     def recipe(self) -> dict:
@@ -148,6 +162,8 @@ def prepare_run(job: TrainJob, distributed: Distributed) -> _Run:
     device = distributed.device(execution["device"])
     tf32 = configure_tf32(device, execution.get("tf32", True))
     backbone, trained, frozen_text = build_model(job, device)
+    if execution.get("compile"):  # in place: state-dict keys, hence checkpoints and exports, unchanged
+        compile_towers(trained.module)
     cache, loading = execution.get("cache_images", True), loading_options(execution)
     train_set = PairDataset.from_manifest(job.train_manifest, backbone.preprocess, backbone.tokenizer, cache,
                                           **loading)
@@ -174,7 +190,7 @@ def prepare_run(job: TrainJob, distributed: Distributed) -> _Run:
                 trained, frozen_text, method, build_optimizer(trained.module, recipe, method.extra_module),
                 group_backward_mode(recipe, execution, method),
                 GradientProbe.from_settings(execution, objective) if method.encodes_plain_pairs else None,
-                indices, micro_per_epoch, total_steps, eval_sets, Faults.from_env(), tf32)
+                indices, micro_per_epoch, total_steps, eval_sets, Faults.from_env(), tf32, train_set=train_set)
 
 
 def fresh_memory_plan(run: _Run) -> memory.MemoryPlan:
@@ -186,9 +202,13 @@ def fresh_memory_plan(run: _Run) -> memory.MemoryPlan:
 def _resume(run: _Run) -> tuple[LoopState, memory.MemoryPlan]:
     """The loop state and memory plan to continue from: the checkpoint's (and memory.json's), or fresh."""
     job = run.job
+    if run.distributed.is_main:  # a kill during a save leaves its temporary file (5.1 GB for a paper-size checkpoint)
+        for path in remove_stale_parts(job.checkpoint_dir) + remove_stale_parts(job.out_dir):
+            print(f"{job.run_id}: removed {path}, left by a write that was killed", file=sys.stderr)
     records, origin = record_settings(job), run_origin(job)
-    saved = load_checkpoint(job.checkpoint_dir, job.spec_hash, run.trained, run.optimizer, records, origin)
-    state = LoopState.from_dict(saved) if saved is not None else LoopState()
+    restored = load_checkpoint(job.checkpoint_dir, job.spec_hash, run.trained, run.optimizer, records, origin)
+    run.resume = restored.record() if restored is not None else None
+    state = LoopState.from_dict(restored.state) if restored is not None else LoopState()
     state.records, state.origin = records, origin
     plan = fresh_memory_plan(run).resumed_from(state.memory)
     plan = plan.resumed_from(memory.read_memory_lesson(job.checkpoint_dir))  # a fallback after the checkpoint
@@ -290,7 +310,7 @@ def end_of_epoch(job, trained, state: LoopState, epoch: int, eval_sets: dict, de
              "weights_sha256": weights_digest(exported)}
     if selected_epoch(job, state.history + [entry]) == entry["epoch"]:
         # A new best: written before the resume checkpoint that commits this epoch, and the previous
-        # best's file is removed only after that commit (prune_selected), so a kill never loses both.
+        # best's file is removed only after that commit (_commit_selection), so a kill never loses both.
         save_weights(exported, job.model_config, selected_weights_path(job.checkpoint_dir, entry["epoch"]))
     return entry
 
@@ -320,10 +340,12 @@ def _train(job: TrainJob, distributed: Distributed) -> dict:
     started = time.time()
     run = prepare_run(job, distributed)
     main = distributed.is_main
+    last_epoch = _last_epoch(job)
     state, plan = _resume(run)
     resumed_from = state.step or None
     if main:
         selected_weights_file(job, state.history)  # a resume area that lost them fails now, not after training
+        run.checkpoints = CheckpointWriter(job.checkpoint_dir)
     if main and state.initial_eval is None:  # the starting point (zero-shot init), for "does fine-tuning help?"
         with timed(state.timers, "eval_s"):
             state.initial_eval = initial_evaluation(run.trained.export(), run.eval_sets, job, run.device)
@@ -332,26 +354,81 @@ def _train(job: TrainJob, distributed: Distributed) -> dict:
     curves = TrainingCurves(job.curves_dir if main else None, state.step)
     if job.execution.get("loader_workers", 0) > 0:
         run.feed = MicroBatchFeed(run, job.execution["loader_workers"])
+    failed = True
     try:
-        _epochs(run, state, plan, progress, curves)
+        _epochs(run, state, plan, progress, curves, last_epoch)
+        failed = False
     finally:
         curves.close()
         if run.feed is not None:
             run.feed.close()
+        if run.checkpoints is not None:
+            _finish_writes(run.checkpoints, failed)
     progress.close()
     wall = time.time() - started
-    if not main:
-        return {"run_id": job.run_id, "rank": distributed.rank, "optimizer_steps": state.step, "wall_time_s": wall}
+    finished = state.epoch >= job.spec["recipe"]["epochs"]
+    if not main or not finished:  # a rank beside the main one, or a part of a run (`until_epoch`)
+        return {"run_id": job.run_id, "rank": distributed.rank, "optimizer_steps": state.step, "wall_time_s": wall,
+                "epochs_done": state.epoch, "finished": finished}
     record = write_outputs(job, run.trained.export(), state, wall, resumed_from, run.device,
                            training_summary(run, state, plan), run_code(run))
     clear_resume_area(job)
     return record
 
 
-def _epochs(run: _Run, state: LoopState, plan: memory.MemoryPlan, progress, curves: TrainingCurves) -> None:
-    """Train from the state's position to the last epoch, evaluating and checkpointing each epoch's end."""
+def _last_epoch(job: TrainJob) -> int:
+    """The epoch this job trains through (1-based): the run's last, or `until_epoch`."""
+    epochs = job.spec["recipe"]["epochs"]
+    if job.until_epoch is None:
+        return epochs
+    if not 1 <= job.until_epoch <= epochs:
+        raise UserError(f"{job.run_id}: --until-epoch {job.until_epoch} is not an epoch of this run (1 to {epochs})")
+    return job.until_epoch
+
+
+def _finish_writes(checkpoints: CheckpointWriter, failed: bool) -> None:
+    """Wait for the checkpoint in flight; when the loop already failed, its error is the one raised."""
+    if not failed:
+        checkpoints.wait(final=True)
+        return
+    try:
+        checkpoints.wait(final=True)
+    except RuntimeError as error:
+        print(f"also: {error}", file=sys.stderr)
+
+
+def checkpoint_due(execution: dict, step: int, since_s: float) -> bool:
+    """A mid-epoch resume checkpoint after this optimizer step: every `checkpoint_every_steps` steps where
+    set, and whenever `checkpoint_every_minutes` (default 10) of wall time have passed since the last one."""
+    every_steps = execution.get("checkpoint_every_steps")
+    return bool(every_steps and step % every_steps == 0) or \
+        since_s >= 60 * execution.get("checkpoint_every_minutes", DEFAULT_CHECKPOINT_MINUTES)
+
+
+def _commit_selection(job: TrainJob, histories: list[list[dict]]) -> None:
+    """Once a checkpoint is committed: drop the selected weights of epochs that neither it nor the
+    checkpoint before it (the fallback of a resume) selects."""
+    if job.selection_benchmark is None:
+        return
+    keep = {selected_weights_path(job.checkpoint_dir, selected_epoch(job, history) or 0) for history in histories}
+    for path in job.checkpoint_dir.glob("selected_epoch_*.pt"):
+        if path not in keep:
+            path.unlink()
+
+
+def _epochs(run: _Run, state: LoopState, plan: memory.MemoryPlan, progress, curves: TrainingCurves,
+            last_epoch: int) -> None:
+    """Train from the state's position through `last_epoch`, evaluating and checkpointing each epoch's end."""
     job, recipe, main, micro = run.job, run.recipe, run.distributed.is_main, run.recipe["micro_batch"]
-    for epoch in range(state.epoch, recipe["epochs"]):
+    checkpoints, committed = run.checkpoints, list(state.history)  # the history the newest checkpoint holds
+    last_saved = time.monotonic()
+
+    def save(after=None) -> None:
+        nonlocal last_saved
+        checkpoints.save(job.spec_hash, run.trained, run.optimizer, state, after)
+        last_saved = time.monotonic()
+
+    for epoch in range(state.epoch, last_epoch):
         groups = accumulation_groups(epoch_micro_batches(run.indices, micro, job.spec["seed"], epoch),
                                      recipe["grad_accum"])
         for group_index in range(state.group, len(groups)):
@@ -364,16 +441,21 @@ def _epochs(run: _Run, state: LoopState, plan: memory.MemoryPlan, progress, curv
             progress.update(1)
             progress.set_postfix(loss=f"{records[-1]['total']:.3g}", refresh=False)
             # (an epoch's last step is saved by the end-of-epoch checkpoint just below)
-            if main and state.step % job.execution["checkpoint_every_steps"] == 0 and group_index + 1 < len(groups):
-                save_checkpoint(job.checkpoint_dir, job.spec_hash, run.trained, run.optimizer, state)
+            if main and group_index + 1 < len(groups) and \
+                    checkpoint_due(job.execution, state.step, time.monotonic() - last_saved):
+                save()
+            if main and run.faults.kill_after_step is not None:
+                checkpoints.wait()  # an injected kill models one that comes after the write is on disk
             run.faults.after_step(state.step)
         if main:
+            checkpoints.wait()  # the last write's selection is committed before this epoch's selection is written
             with timed(state.timers, "eval_s"):
                 state.history.append(end_of_epoch(job, run.trained, state, epoch, run.eval_sets, run.device,
                                                   run.method.loss_names))
             curves.epoch(state.history[-1])
         state.epoch, state.group, state.epoch_records = epoch + 1, 0, []
         if main:
-            save_checkpoint(job.checkpoint_dir, job.spec_hash, run.trained, run.optimizer, state)
-            prune_selected(job, state.history)
-        run.distributed.barrier()  # the other ranks wait for rank 0's evaluation and checkpoint
+            histories = [committed, list(state.history)]
+            save(lambda: _commit_selection(job, histories))
+            committed = histories[1]
+        run.distributed.barrier()  # the other ranks wait for rank 0's evaluation

@@ -7,10 +7,12 @@ is turned on (the blocks' activations are recomputed in the backward: the same a
 memory). The smaller plan is kept from then on, stored in the resume checkpoint and, the moment it
 is chosen, in `memory.json` beside it, so a run killed right after the error resumes without trying
 the failing size again. Out of memory with the smallest plan is an error that says what to change.
+
+What counts as out of memory, and handing a failed attempt's memory back, are shared with the
+halve-and-retry ladder of evaluation, the gradient probe and SAM's prompt batches (hnclip.runtime.out_of_memory).
 """
 from __future__ import annotations
 
-import gc
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -19,7 +21,7 @@ import torch
 
 from hnclip.errors import UserError
 from hnclip.io import read_json, write_json
-from hnclip.runtime.device import empty_cache
+from hnclip.runtime.out_of_memory import is_out_of_memory, release_cached_memory  # noqa: F401 (the trainer's names)
 from hnclip.training.memory_plan import MemoryPlan, micro_batches_per_forward  # noqa: F401 (the trainer's names)
 
 T = TypeVar("T")
@@ -27,12 +29,6 @@ T = TypeVar("T")
 
 class MemoryExhaustedError(UserError, RuntimeError):
     pass
-
-
-def is_out_of_memory(error: BaseException) -> bool:
-    """torch's OutOfMemoryError, or a backend's RuntimeError that says "out of memory" (e.g. NPU)."""
-    return isinstance(error, torch.OutOfMemoryError) or (
-        isinstance(error, RuntimeError) and "out of memory" in str(error).lower())
 
 
 def run_within_memory(attempt: Callable[[MemoryPlan], T], plan: MemoryPlan, device, log: Callable[[str], None],
@@ -65,13 +61,6 @@ def fit_compute_batch(try_step: Callable[[int], None], requested: int, micro_bat
     log(f"compute_batch: using {plan.compute_batch} pairs per forward (requested {requested}, "
         f"micro_batch {micro_batch})")
     return plan.compute_batch
-
-
-def release_cached_memory(device: torch.device | str) -> None:
-    # The failed step's tensors are garbage once its exception is gone; hand their blocks back (on
-    # whichever backend ran it: CUDA, NPU, MPS) so the smaller size is not refused for fragmentation.
-    gc.collect()
-    empty_cache(device)
 
 
 def memory_lesson_path(checkpoint_dir: Path) -> Path:

@@ -61,6 +61,10 @@ def write_outputs(job, model, state: LoopState, wall: float, resumed_from, devic
               **job.extra_inputs}
     if job.init_path:
         inputs["init_weights"] = job.init_path
+    if job.execution.get("image_cache"):  # the pixels it read: each cache's record (with its array's sha256)
+        from hnclip.data.image_cache import record_path
+        inputs.update({f"image_cache:{name}": record_path(manifest) for name, manifest in
+                       [("train", job.train_manifest), *job.eval_manifests.items()]})
     record = provenance.record(
         "train", inputs=inputs, spec=job.spec, spec_hash=job.spec_hash, wall_time_s=wall,
         params={"evaluation": job.evaluation, "grad_probe_every": job.execution.get("grad_probe_every", 0)},
@@ -87,7 +91,15 @@ def training_summary(run, state: LoopState, plan) -> dict:
             "grad_probe_precision": execution.get("grad_probe_precision", "fp32") if run.probe else None,
             "timing_s": dict(state.timers), "method": run.method.summary,
             "released_costs": execution.get("cost_only_settings", {}),
-            "param_groups": param_group_summary(run.optimizer)}
+            "param_groups": param_group_summary(run.optimizer),
+            # the checkpoint resumed from, and any newer one that failed to load (None: trained from the start)
+            "resume": run.resume,
+            # images decoded from files by this job (its loader workers included): with the image cache
+            # none; without, each image once while the decoded-image cache holds the split
+            "images_decoded": {"train": run.train_set.decodes,
+                               "eval": {name: data.decodes for name, data in run.eval_sets.items()}},
+            "image_cache": run.train_set.pixels is not None,
+            "checkpoints": run.checkpoints.summary() if run.checkpoints is not None else None}
 
 
 def clear_resume_area(job) -> list[Path]:

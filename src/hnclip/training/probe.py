@@ -27,10 +27,20 @@ it measured: each key of `hnclip.config.objective_keys`, by its identity name as
 The probe cannot change training: it never touches .grad, it runs under a forked RNG, and the
 model has no batch statistics. Norms and dot products accumulate in float64, so tiny fp32
 gradients are not flushed to zero by squaring.
+
+Out of memory (an fp32 forward of the whole micro-batch, kept for two full gradients): the pairs per
+forward are halved and the probe retried (`hnclip.runtime.out_of_memory.HalvingBatch`), the smaller size
+kept for the run's later probes. The losses still span the whole micro-batch: its features are encoded
+piece by piece without a graph, the losses' gradients w.r.t. the features computed once, and each piece
+encoded again with its graph and back-propagated with its share of them (`pieced_gradients`). The
+gradients are the same sums in another order (equal up to float rounding); the record names the size used
+(`memory_fallback`). In a multi-process run an error cannot be retried on one rank alone: it is raised.
 """
 from __future__ import annotations
 
 import contextlib
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -41,6 +51,7 @@ from hnclip.losses.contrastive import infonce_logits, symmetric_cross_entropy
 from hnclip.losses.distributed import gather_features
 from hnclip.losses.objective import Autocast, ShuffleKey, frozen_g_features, global_logits, margin_control
 from hnclip.models.towers import encode_batch
+from hnclip.runtime.out_of_memory import HalvingBatch
 from hnclip.training.distributed import Distributed, average_tensors
 
 DEFAULT_PROBE_GAMMA = 0.5  # paper default, for probing runs trained with plain InfoNCE
@@ -54,6 +65,8 @@ class GradientProbe:
     objective: dict = field(hash=False)   # the objective L_HN is measured with (see `from_settings`)
     gamma_source: str = "objective"       # "objective" or "default" (the run's gamma is 0)
     bf16_every: int = 1                   # the bf16 L_CLIP measurement on every k-th probe (0: never)
+    # pairs per forward the probe fell back to after running out of memory (empty: the whole batch)
+    forward_pairs: dict = field(default_factory=dict, hash=False, compare=False, repr=False)
 
     @classmethod
     def from_settings(cls, execution: dict, objective: dict) -> "GradientProbe | None":
@@ -94,14 +107,37 @@ class GradientProbe:
                 autocast: Autocast = contextlib.nullcontext, distributed: Distributed = Distributed(),
                 shuffle_key: ShuffleKey | None = None, with_bf16: bool = True) -> dict:
         """`shuffle_key`: the probed micro-batch's key (a shuffled-G run draws its training shuffle);
-        `with_bf16`: also measure L_CLIP under bf16 autocast (else its fields are None)."""
+        `with_bf16`: also measure L_CLIP under bf16 autocast (else its fields are None). Out of memory: the
+        pairs per forward are halved (see the module's docstring)."""
+        pairs = len(images)
+        halving = HalvingBatch(pairs, what="probe pairs per forward",
+                               size=min(pairs, self.forward_pairs.get("size", pairs)))
+
+        def attempt(size: int) -> dict:
+            return self._measure(model, parameters, images, tokens, frozen_text, autocast, distributed, shuffle_key,
+                                 with_bf16, size)
+        record = halving.run(attempt, images.device, lambda line: print(f"gradient probe: {line}", file=sys.stderr),
+                             retry=not distributed.enabled)
+        if halving.size < pairs:
+            self.forward_pairs["size"] = halving.size
+            record["memory_fallback"] = {"what": halving.what, "requested": pairs, "used": halving.size,
+                                         "halvings": halving.fallbacks}
+        return record
+
+    def _measure(self, model, parameters, images, tokens, frozen_text, autocast, distributed, shuffle_key,
+                 with_bf16: bool, size: int) -> dict:
+        """`measure` with `size` pairs per forward (the whole batch: one forward, as always)."""
         with _preserved_rng(images.device):
-            logits = self._logits(model, images, tokens, frozen_text, autocast, shuffle_key)
-            losses = {name: symmetric_cross_entropy(value) for name, value in logits.items()}
-            clip_grads = torch.autograd.grad(losses["clip"], [*parameters, logits["clip"]], retain_graph=True,
-                                             allow_unused=True)
-            hn_grads = torch.autograd.grad(losses["hn"], [*parameters, logits["hn"]], allow_unused=True)
-            bf16 = bf16_infonce_gradient(model, parameters, images, tokens, distributed) if with_bf16 \
+            if size >= len(images):
+                logits = self._logits(model, images, tokens, frozen_text, autocast, shuffle_key)
+                losses = {name: symmetric_cross_entropy(value) for name, value in logits.items()}
+                clip_grads = torch.autograd.grad(losses["clip"], [*parameters, logits["clip"]], retain_graph=True,
+                                                 allow_unused=True)
+                hn_grads = torch.autograd.grad(losses["hn"], [*parameters, logits["hn"]], allow_unused=True)
+            else:
+                logits, losses, clip_grads, hn_grads = self._pieced(model, parameters, images, tokens, frozen_text,
+                                                                    autocast, shuffle_key, size)
+            bf16 = bf16_infonce_gradient(model, parameters, images, tokens, distributed, size) if with_bf16 \
                 else not_measured_bf16()
         clip_params = _dense(clip_grads[:-1], parameters)
         hn_params = _dense(hn_grads[:-1], parameters)
@@ -133,6 +169,23 @@ class GradientProbe:
                                g_features, shuffle_key)
         return {"clip": logits["infonce"], "hn": logits["hn"]}
 
+    def _pieced(self, model, parameters, images, tokens, frozen_text, autocast, shuffle_key, size: int):
+        """The logits, losses and gradients of `_logits` with `size` pairs per forward (`pieced_gradients`)."""
+        def encode(start: int, stop: int):
+            with autocast():
+                encoded = encode_batch(model, images[start:stop], tokens[start:stop], with_tokens=False)
+            return encoded.image_features, encoded.text_features
+
+        def head(image_features, text_features):
+            with autocast():
+                g_features = frozen_g_features(frozen_text, tokens, self.objective)
+            logits = global_logits(image_features, text_features, model.logit_scale.exp(), self.objective,
+                                   g_features, shuffle_key)
+            logits = {"clip": logits["infonce"], "hn": logits["hn"]}
+            return {name: symmetric_cross_entropy(value) for name, value in logits.items()}, logits
+        losses, logits, grads = pieced_gradients(encode, head, len(images), size, parameters)
+        return logits, losses, grads["clip"], grads["hn"]
+
 
 def probe_summary(probe: GradientProbe | None, records: list[dict]) -> dict | None:
     """What train.json says about the probe; the records themselves go to grad_probe.jsonl."""
@@ -146,19 +199,79 @@ def probe_summary(probe: GradientProbe | None, records: list[dict]) -> dict | No
 
 
 def bf16_infonce_gradient(model, parameters: list[torch.nn.Parameter], images, tokens,
-                          distributed: Distributed = Distributed()) -> dict:
+                          distributed: Distributed = Distributed(), pairs_per_forward: int | None = None) -> dict:
     """L_CLIP of the batch with its forward and loss under bf16 autocast (open_clip's training step),
     as `clip_bf16_*` fields of a probe record (`infonce_gradient`); None values where the device has
-    no bf16 autocast."""
+    no bf16 autocast. `pairs_per_forward` below the batch: encoded piece by piece (`pieced_gradients`)."""
     device_type = images.device.type
     if device_type not in BF16_AUTOCAST_DEVICE_TYPES:
         return not_measured_bf16()
+    if pairs_per_forward is not None and pairs_per_forward < len(images):
+        measured = _pieced_bf16_infonce(model, parameters, images, tokens, device_type, pairs_per_forward)
+        return {f"clip_bf16_{key}": measured[key] for key in INFONCE_GRADIENT_FIELDS}
 
     def forward():
         encoded = encode_batch(model, images, tokens, with_tokens=False)
         return encoded.image_features, encoded.text_features, model.logit_scale.exp()
     measured = infonce_gradient(forward, parameters, "bf16", device_type, distributed)
     return {f"clip_bf16_{key}": measured[key] for key in INFONCE_GRADIENT_FIELDS}
+
+
+def _pieced_bf16_infonce(model, parameters, images, tokens, device_type: str, size: int) -> dict:
+    """`infonce_gradient` under bf16 autocast with `size` pairs per forward (one process)."""
+    def autocast():
+        return torch.autocast(device_type=device_type, dtype=torch.bfloat16)
+
+    def encode(start: int, stop: int):
+        with autocast():
+            encoded = encode_batch(model, images[start:stop], tokens[start:stop], with_tokens=False)
+        return encoded.image_features, encoded.text_features
+
+    def head(image_features, text_features):
+        with autocast():
+            logits = infonce_logits(image_features, text_features, model.logit_scale.exp())
+            loss = symmetric_cross_entropy(logits)
+        return {"clip": loss}, {"clip": logits}
+    losses, logits, grads = pieced_gradients(encode, head, len(images), size, parameters)
+    params = _dense(grads["clip"][:-1], parameters)
+    stats = _statistics(params)
+    return {"loss": float(losses["clip"].detach()), "grad_norm": stats["norm"], "grad_norm_fp32": fp32_norm(params),
+            "grad_exactly_zero": stats["zero_entries"] == stats["entries"],
+            "max_abs_dlogit": float(grads["clip"][-1].float().abs().max())}
+
+
+def pieced_gradients(encode: Callable[[int, int], tuple], head: Callable, pairs: int, size: int,
+                     parameters: list[torch.nn.Parameter]):
+    """Gradients of losses over a whole batch whose forward runs `size` pairs at a time (gradient caching).
+    `encode(start, stop)` gives a piece's (image, text) features; `head(image, text)` gives ({name: loss},
+    {name: logits}) of the whole batch's features. Returns (losses, logits, {name: [gradient w.r.t. each
+    parameter (None: not reached)..., w.r.t. the logits]}): the features are encoded without a graph, the
+    losses' gradients w.r.t. them taken once, then each piece is encoded again with its graph and
+    back-propagated with its rows of those gradients."""
+    spans = [(start, min(start + size, pairs)) for start in range(0, pairs, size)]
+    with torch.no_grad():
+        pieces = [encode(start, stop) for start, stop in spans]
+    image = torch.cat([piece[0] for piece in pieces]).requires_grad_()
+    text = torch.cat([piece[1] for piece in pieces]).requires_grad_()
+    losses, logits = head(image, text)
+    names = list(losses)
+    grads, feature_grads = {}, {}
+    for index, name in enumerate(names):
+        top = torch.autograd.grad(losses[name], [*parameters, logits[name], image, text],
+                                  retain_graph=index < len(names) - 1, allow_unused=True)
+        # what the loss reaches past the features (the logit scale) has its whole gradient here already
+        grads[name] = list(top[:len(parameters) + 1])
+        feature_grads[name] = [torch.zeros_like(f) if g is None else g for g, f in zip(top[-2:], (image, text))]
+    for start, stop in spans:
+        outputs = encode(start, stop)
+        for index, name in enumerate(names):
+            piece = torch.autograd.grad(outputs, parameters, [g[start:stop] for g in feature_grads[name]],
+                                        retain_graph=index < len(names) - 1, allow_unused=True)
+            for position, g in enumerate(piece):
+                if g is not None:
+                    total = grads[name][position]
+                    grads[name][position] = g if total is None else total + g
+    return losses, logits, grads
 
 
 def not_measured_bf16() -> dict:

@@ -1,0 +1,253 @@
+"""The whole training loop's images/s (feeding, optimizer steps, per-epoch evaluation, checkpoints) against
+the optimizer steps alone, on the CPU, and how many images each epoch decodes.
+
+    python benchmarks/loop_throughput.py [--train 256] [--test 128] [--epochs 2] [--workers 2]
+
+Data: --train and --test photographic-like JPEGs of 1,500 x 1,000 (DOCCI's and DCI's size;
+`data_loading.photo_like`), preprocessed at 224 px as Long-CLIP-L's (open_clip's eval transform). Model: a
+tiny CLIP at 224 px (width 64, 2 layers per tower, patch 32), from scratch; HN-CLIP's objective (gamma 0.5,
+lambda_tok 1), micro-batch 16 x 2 accumulation, fp32, one torch thread, --workers loader processes.
+
+Runs, each a real `hnclip.training.loop.train`:
+* `image_cache`: the splits' image caches built first (`hnclip.data.image_cache`, their decodes counted),
+  then trained with execution.image_cache on;
+* `decode`: the same run decoding JPEGs (the LRU of decoded images, each worker its own);
+* `step_only`: the same run's optimizer steps on micro-batches prepared beforehand (no feeding, no
+  evaluation, no checkpoint), timed over one epoch after one warm-up step, before the loops and after
+  them (the ratios use their mean);
+* `feed_only_*`: one epoch's micro-batches made on the main process alone, from the cache or by decoding:
+  the feed's CPU time per image, against a step's (`cpu_share_of_a_step`), which on a machine with a
+  core free per worker the loop does not wait for. On a shared machine (`load_average` above `cpus`) the
+  rates measure the other processes as much as the loop.
+A checkpoint is due every --checkpoint-every optimizer steps and at each epoch's end. The loop's time is
+`_epochs` (first step to last epoch's checkpoint; the initial evaluation before it is excluded). Decodes
+are counted across the job's processes (`PairDataset.decodes`) at every epoch's end, before and after its
+evaluation. The checkpoint record gives the loop's cost of checkpointing (host copy + waiting for a write
+in flight) beside the writer thread's own time (what a synchronous write would have cost the loop).
+One JSON line is appended to benchmarks/results/loop_throughput.jsonl.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = ROOT / "benchmarks" / "results" / "loop_throughput.jsonl"
+MODEL = "loop-bench-224"
+MODEL_CONFIG = {"embed_dim": 64, "quick_gelu": True,
+                "vision_cfg": {"image_size": 224, "layers": 2, "width": 64, "patch_size": 32, "head_width": 32},
+                "text_cfg": {"context_length": 248, "vocab_size": 49408, "width": 64, "heads": 2, "layers": 2}}
+MICRO_BATCH, GRAD_ACCUM = 16, 2
+
+
+def write_split(folder: Path, split: str, n: int, seed: int) -> Path:
+    """n 1,500 x 1,000 JPEGs and their manifest `<split>.jsonl`."""
+    from data_loading import photo_like
+
+    from hnclip.data.manifest import ManifestRow, write_manifest
+    rng = np.random.default_rng(seed)
+    (folder / "images").mkdir(parents=True, exist_ok=True)
+    rows = []
+    for i in range(n):
+        name = f"images/{split}{i:05d}.jpg"
+        photo_like(rng).save(folder / name, quality=90)
+        rows.append(ManifestRow(f"{split}{i:05d}", name, f"a photograph, number {i} of the {split} split, with "
+                                f"{['red', 'green', 'blue', 'grey'][i % 4]} tones", None, split, "0" * 64))
+    write_manifest(folder / f"{split}.jsonl", rows)
+    return folder / f"{split}.jsonl"
+
+
+def make_job(manifests: dict, out: Path, epochs: int, workers: int, image_cache: bool, checkpoint_every: int):
+    from hnclip.training.loop import TrainJob
+    spec = {"train_set": "docci", "fraction": 1.0, "seed": 0,
+            "objective": {"framework": "full", "gamma": 0.5, "lambda_tok": 1.0, "margin": "live"},
+            "recipe": {"epochs": epochs, "micro_batch": MICRO_BATCH, "grad_accum": GRAD_ACCUM, "lr": 1e-4,
+                       "weight_decay": 0.01, "warmup_steps": 0, "reset_logit_scale": 100.0, "precision": "fp32"}}
+    execution = {"device": "cpu", "threads": 1, "eval_batch_size": 64, "checkpoint_every_steps": checkpoint_every,
+                 "keep_epoch_weights": False, "loader_workers": workers, "image_cache": image_cache,
+                 "grad_probe_every": 0}
+    return TrainJob(run_id=f"loop-{'cache' if image_cache else 'decode'}", spec=spec, spec_hash="b" * 64,
+                    init_kind="scratch", init_path=None, model_config=MODEL, train_manifest=manifests["train"],
+                    eval_manifests={"docci": manifests["test"]}, out_dir=out / "run", checkpoint_dir=out / "ckpt",
+                    execution=execution, evaluation={"recall_ks": [1, 5], "tie_rule": "pessimistic",
+                                                     "selection_metric": "mean_r1"})
+
+
+@contextlib.contextmanager
+def observed():
+    """Patch the loop to time `_epochs` and count each epoch's decodes; yields what it saw."""
+    import hnclip.training.loop as loop
+    from hnclip.data.loader import PairDataset
+    seen = {"datasets": [], "epochs": [], "loop_s": None}
+    real_from_manifest, real_end, real_epochs = PairDataset.from_manifest.__func__, loop.end_of_epoch, loop._epochs
+
+    def from_manifest(cls, *args, **kwargs):
+        seen["datasets"].append(real_from_manifest(cls, *args, **kwargs))
+        return seen["datasets"][-1]
+
+    def end_of_epoch(*args, **kwargs):
+        train_set, test_set = seen["datasets"][:2]
+        before, started = (train_set.decodes, test_set.decodes), time.perf_counter()
+        entry = real_end(*args, **kwargs)
+        seen["epochs"].append({"train_decodes_so_far": before[0],
+                               "eval_decodes_this_evaluation": test_set.decodes - before[1],
+                               "end_of_epoch_s": round(time.perf_counter() - started, 3)})
+        return entry
+
+    def epochs(*args, **kwargs):
+        started = time.perf_counter()
+        real_epochs(*args, **kwargs)
+        seen["loop_s"] = time.perf_counter() - started
+
+    with contextlib.ExitStack() as stack:
+        patch = stack.enter_context(_patching())
+        patch(PairDataset, "from_manifest", classmethod(from_manifest))
+        patch(loop, "end_of_epoch", end_of_epoch)
+        patch(loop, "_epochs", epochs)
+        yield seen
+
+
+@contextlib.contextmanager
+def _patching():
+    undo = []
+
+    def patch(owner, name, value):
+        undo.append((owner, name, owner.__dict__[name]))
+        setattr(owner, name, value)
+    try:
+        yield patch
+    finally:
+        for owner, name, value in reversed(undo):
+            setattr(owner, name, value)
+
+
+def loop_run(job) -> dict:
+    from hnclip.training.loop import train
+    with observed() as seen:
+        record = train(job)
+    images = job.spec["recipe"]["epochs"] * (len(seen["datasets"][0]) // MICRO_BATCH) * MICRO_BATCH
+    evaluation_s = sum(epoch["end_of_epoch_s"] for epoch in seen["epochs"])  # evaluation and weights digest
+    return {"images": images, "loop_s": round(seen["loop_s"], 2),
+            "loop_images_per_s": round(images / seen["loop_s"], 1),
+            "end_of_epoch_evaluation_s": round(evaluation_s, 2),
+            "loop_without_evaluation_images_per_s": round(images / (seen["loop_s"] - evaluation_s), 1),
+            "optimizer_steps_s": round(record["training"]["timing_s"]["train_s"], 2),
+            "checkpoints": record["training"]["checkpoints"],
+            "decodes_per_epoch": seen["epochs"], "images_decoded": record["training"]["images_decoded"]}
+
+
+def step_only(job) -> dict:
+    """The run's optimizer steps on micro-batches loaded beforehand: one warm-up step, then one epoch."""
+    import hnclip.training.loop as loop
+    from hnclip.training.batching import accumulation_groups, epoch_micro_batches
+    from hnclip.training.distributed import distributed_session
+    from hnclip.training.state import LoopState
+    with distributed_session("cpu") as distributed:
+        run = loop.prepare_run(job, distributed)
+        plan, state = loop.fresh_memory_plan(run), LoopState()
+        groups = accumulation_groups(epoch_micro_batches(run.indices, MICRO_BATCH, job.spec["seed"], 0), GRAD_ACCUM)
+        ready = [[run.method.to_device(run.method.load(ix), run.device) for ix in group] for group in groups]
+        with _patching() as patch:
+            patch(loop, "group_batches", lambda run_, epoch, index, group: ready[index])
+            loop.optimizer_step(run, state, plan, 0, 0, groups[0])  # warm-up
+            started = time.perf_counter()
+            for index, group in enumerate(groups):
+                loop.optimizer_step(run, state, plan, 0, index, group)
+            seconds = time.perf_counter() - started
+    images = len(groups) * GRAD_ACCUM * MICRO_BATCH
+    return {"images": images, "steps_s": round(seconds, 2), "images_per_s": round(images / seconds, 1)}
+
+
+def feed_only(manifests: dict, image_cache: bool) -> dict:
+    """One epoch of training micro-batches made on this process alone (no workers, no steps): the CPU time
+    feeding costs per image, which the loop's workers spend beside the steps (the cached pixels normalized
+    here, or JPEGs decoded, each once: an epoch through a fresh dataset)."""
+    from hnclip.data.loader import PairDataset
+    from hnclip.models.factory import create
+    with contextlib.redirect_stderr(sys.stdout):
+        backbone = create(MODEL)
+    data = PairDataset.from_manifest(manifests["train"], backbone.preprocess, backbone.tokenizer,
+                                     image_cache=image_cache)
+    spans = [list(range(start, start + MICRO_BATCH)) for start in range(0, len(data) - MICRO_BATCH + 1, MICRO_BATCH)]
+    started, cpu = time.perf_counter(), time.process_time()
+    for span in spans:
+        data.batch(span)
+    seconds, cpu_s = time.perf_counter() - started, time.process_time() - cpu
+    images = len(spans) * MICRO_BATCH
+    return {"images": images, "seconds": round(seconds, 2), "cpu_ms_per_image": round(1000 * cpu_s / images, 2),
+            "images_per_s": round(images / seconds, 1), "decodes": data.decodes}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import open_clip
+    from command1_costs import _commit, append_record, utc_now
+
+    from hnclip.data.image_cache import PixelTransform, write_image_cache
+    from hnclip.models.factory import create
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--train", type=int, default=256, help="training images (1,500 x 1,000 JPEGs)")
+    parser.add_argument("--test", type=int, default=128, help="test images, evaluated after every epoch")
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--checkpoint-every", type=int, default=2, help="optimizer steps between checkpoints")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    load_before = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        (root / f"{MODEL}.json").write_text(json.dumps(MODEL_CONFIG))
+        open_clip.add_model_config(root / f"{MODEL}.json")
+        started = time.perf_counter()
+        manifests = {"train": write_split(root / "data", "train", args.train, 0),
+                     "test": write_split(root / "data", "test", args.test, 1)}
+        generated_s = time.perf_counter() - started
+        with contextlib.redirect_stderr(sys.stdout):   # open_clip's "no pretrained weights" warning
+            transform = PixelTransform.from_preprocess(create(MODEL).preprocess)
+        started = time.perf_counter()
+        caches = {split: json.loads(write_image_cache(path, transform, workers=args.workers).read_text())
+                  for split, path in manifests.items()}
+        cache_s = time.perf_counter() - started
+        steps_job = make_job(manifests, root / "steps", args.epochs, args.workers, True, args.checkpoint_every)
+        steps_before = step_only(steps_job)  # before and after the loops: a bracket on a machine whose load drifts
+        runs = {"image_cache": loop_run(make_job(manifests, root / "cache", args.epochs, args.workers, True,
+                                                 args.checkpoint_every)),
+                "decode": loop_run(make_job(manifests, root / "decode", args.epochs, args.workers, False,
+                                            args.checkpoint_every)),
+                "step_only_before": steps_before, "step_only": step_only(steps_job),
+                "feed_only_image_cache": feed_only(manifests, True), "feed_only_decode": feed_only(manifests, False)}
+    step_rate = statistics.mean([runs["step_only_before"]["images_per_s"], runs["step_only"]["images_per_s"]])
+    for name in ("feed_only_image_cache", "feed_only_decode"):  # the feed's CPU time per image, per step's
+        runs[name]["cpu_share_of_a_step"] = round(runs[name]["cpu_ms_per_image"] / (1000 / step_rate), 3)
+    for name in ("image_cache", "decode"):
+        runs[name]["loop_vs_step_only"] = round(runs[name]["loop_images_per_s"] / step_rate, 3)
+        runs[name]["loop_without_evaluation_vs_step_only"] = round(
+            runs[name]["loop_without_evaluation_images_per_s"] / step_rate, 3)
+    return append_record(args.out, {
+        "benchmark": "loop_throughput", "timestamp": utc_now(), "commit": _commit(ROOT),
+        "cpus": len(os.sched_getaffinity(0)), "main_threads": 1, "workers": args.workers,
+        # the machine's 1-minute load average before and after: above the CPU count, other processes
+        # shared the cores and the rates are theirs as much as the loop's
+        "load_average": [round(load_before, 1), round(os.getloadavg()[0], 1)],
+        "model": {"name": MODEL, **MODEL_CONFIG}, "micro_batch": MICRO_BATCH, "grad_accum": GRAD_ACCUM,
+        "epochs": args.epochs, "checkpoint_every_steps": args.checkpoint_every,
+        "data": {"train": args.train, "test": args.test, "size": [1500, 1000], "input_px": 224,
+                 "generated_s": round(generated_s, 1)},
+        "image_cache_build": {"seconds": round(cache_s, 2), "decodes": sum(c["shape"][0] for c in caches.values()),
+                              "bytes": sum(c["array"]["bytes"] for c in caches.values())},
+        "runs": runs})
+
+
+if __name__ == "__main__":
+    main()
