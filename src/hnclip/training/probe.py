@@ -171,10 +171,7 @@ class GradientProbe:
 
     def _pieced(self, model, parameters, images, tokens, frozen_text, autocast, shuffle_key, size: int):
         """The logits, losses and gradients of `_logits` with `size` pairs per forward (`pieced_gradients`)."""
-        def encode(start: int, stop: int):
-            with autocast():
-                encoded = encode_batch(model, images[start:stop], tokens[start:stop], with_tokens=False)
-            return encoded.image_features, encoded.text_features
+        encode = _piece_encoder(model, images, tokens, autocast)
 
         def head(image_features, text_features):
             with autocast():
@@ -185,6 +182,15 @@ class GradientProbe:
             return {name: symmetric_cross_entropy(value) for name, value in logits.items()}, logits
         losses, logits, grads = pieced_gradients(encode, head, len(images), size, parameters)
         return logits, losses, grads["clip"], grads["hn"]
+
+
+def _piece_encoder(model, images, tokens, autocast):
+    """encode(start, stop): the features of pairs [start, stop) under `autocast()` (for `pieced_gradients`)."""
+    def encode(start: int, stop: int):
+        with autocast():
+            encoded = encode_batch(model, images[start:stop], tokens[start:stop], with_tokens=False)
+        return encoded.image_features, encoded.text_features
+    return encode
 
 
 def probe_summary(probe: GradientProbe | None, records: list[dict]) -> dict | None:
@@ -222,10 +228,7 @@ def _pieced_bf16_infonce(model, parameters, images, tokens, device_type: str, si
     def autocast():
         return torch.autocast(device_type=device_type, dtype=torch.bfloat16)
 
-    def encode(start: int, stop: int):
-        with autocast():
-            encoded = encode_batch(model, images[start:stop], tokens[start:stop], with_tokens=False)
-        return encoded.image_features, encoded.text_features
+    encode = _piece_encoder(model, images, tokens, autocast)
 
     def head(image_features, text_features):
         with autocast():
