@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from hnclip.claims import specificity as S
+from hnclip.claims import worlds as W
 from hnclip.claims.calibration import QueryPool, printed
 from hnclip.claims.definitions import (
     NULL_SUPPORT_MAX,
@@ -80,8 +81,8 @@ def test_the_denied_worlds_fail_the_rules_before_them():
 def test_an_all_k_rule_is_denied_with_one_item_at_no_effect_the_others_at_the_papers_values():
     claim = resolved(CLAIMS["leads_at_every_fraction"], paper_model(CORRELATION))
     worlds = S.world_of(claim, "null")
-    items = sorted(S.paper_items(claim["statistic"]["contrast"]), key=lambda item: item.margin)
-    assert len(worlds) == S.DENIED_ITEMS and len(items) == 8
+    items = sorted(W.paper_items(claim["statistic"]["contrast"]), key=lambda item: item.margin)
+    assert len(worlds) == W.DENIED_ITEMS and len(items) == 8
     for world, item in zip(worlds, items):
         for part in item.column.parts:
             assert world.truth("tableA9", item.row, part, None) == printed("tableA9", item.competitor[1], part)
@@ -163,7 +164,7 @@ def test_size_and_null_carry_the_one_correlation_they_were_measured_at():
 def _plain(claim: dict, shift: float = 0.0) -> S.World:
     """A claim's plain null (its compared rows equal), `shift` against the claim's direction."""
     world = S.World()
-    assert S._leaves_into(claim["statistic"], world, [shift])
+    assert W._leaves_into(claim["statistic"], world, [shift])
     return world
 
 
@@ -179,7 +180,7 @@ def test_the_plain_null_makes_the_compared_rows_equal_and_the_reversed_moves_the
     margin = _plain(CLAIMS["margin_over_strongest"])
     best = max(printed("table1", row, DOCCI_T2I) for row in ("longclip_zeroshot", "finelip", "goal", "structxlip"))
     assert margin.truth("table1", "hn_clip", DOCCI_T2I, None) == best
-    assert S.claim_direction(CLAIMS["transfer_others_give_up"]) == -1
+    assert W.claim_direction(CLAIMS["transfer_others_give_up"]) == -1
     # probes have no null world of rows
     assert isinstance(S.world_of(CLAIMS["saturation_epoch1"], "null"), str)
 
