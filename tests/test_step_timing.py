@@ -3,12 +3,15 @@ random order (hnclip.training.step_timing), and the scorecard's `paired_timing` 
 rounds' ratios with its order-statistic interval (hnclip.claims.statistics)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from helpers.training import EVALUATION, EXECUTION, SPEC
 
 from hnclip.claims.statistics import statistic_draws
 from hnclip.claims.verdicts import decide
+from hnclip.config.params import load_params
 from hnclip.evaluation.bootstrap import Bootstrap, BootstrapSettings
 from hnclip.training.loop import TrainJob
 from hnclip.training.step_timing import paired_step_times, timed_groups
@@ -124,6 +127,10 @@ def test_the_plan_times_the_rows_params_yaml_names(params):
     plan = Registry(params).paired_timing()
     assert list(plan["runs"]) == ["longclip_ft", "hn_clip", "goal", "structxlip"]
     assert (plan["table"], plan["rounds"], plan["warmup"]) == ("tableA3", 20, 2)
+    # a profile's timing_rounds replaces the table's counts, for that profile only
+    params_file = Path(__file__).resolve().parents[1] / "params.yaml"
+    rehearsal = Registry(load_params(params_file, {"profile": "paper_rehearsal"}), validate=False).paired_timing()
+    assert (rehearsal["rounds"], rehearsal["warmup"]) == (3, 1) and list(rehearsal["runs"]) == list(plan["runs"])
     bad = copy.deepcopy(params)
     bad["derived_tables"]["tableA3"]["paired_timing"]["rows"] = ["hn_clip", "hnclip"]
     with pytest.raises(UnknownNameError, match=r"paired_timing\.rows: unknown row\(s\) \['hnclip'\]"):

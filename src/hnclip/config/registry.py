@@ -241,8 +241,9 @@ class Registry:
 
     def paired_timing(self) -> dict | None:
         """{table, rounds, warmup, runs: {row: run id}} of the timing table's `paired_timing` (the timing
-        claims' measurement, hnclip.commands.step_timing): its rows' planned runs; None where the table declares
-        none or fewer than two of its rows are planned."""
+        claims' measurement, hnclip.commands.step_timing): its rows' planned runs, its rounds and warmup (the
+        profile's `timing_rounds` overrides them); None where the table declares none or fewer than two of its
+        rows are planned."""
         table = self.derived_table("timing")
         spec = self.params["derived_tables"][table]
         if "paired_timing" not in spec:
@@ -256,8 +257,9 @@ class Registry:
         runs = {row: timed[row] for row in spec["paired_timing"]["rows"] if timed.get(row)}
         if len(runs) < 2:
             return None
-        return {"table": table, "rounds": spec["paired_timing"]["rounds"], "warmup": spec["paired_timing"]["warmup"],
-                "runs": runs}
+        counts = {key: spec["paired_timing"][key] for key in ("rounds", "warmup")}
+        counts |= self.profile.get("timing_rounds", {})
+        return {"table": table, **counts, "runs": runs}
 
     def released_costs(self, run_id: str) -> dict[str, bool]:
         """The cost-only operations of a baseline's released code (GOAL: a second forward of both towers,
