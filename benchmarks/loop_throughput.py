@@ -19,6 +19,13 @@ Runs, each a real `hnclip.training.loop.train`:
   the feed's CPU time per image, against a step's (`cpu_share_of_a_step`), which on a machine with a
   core free per worker the loop does not wait for. On a shared machine (`load_average` above `cpus`) the
   rates measure the other processes as much as the loop.
+Each loop run also records where `_epochs`' wall time goes (`observed`: phases with their wall seconds,
+share, calls and the main thread's CPU seconds; each step's wait for its micro-batches), and the CPU
+seconds of the job's main thread, its other threads (the checkpoint writer) and its loader workers. These
+are shares within one run, robust to the machine's load as rates are not. On Linux with autogroup
+scheduling (`/proc/sys/kernel/sched_autogroup_enabled`, recorded) a loaded machine gives the job's
+session one share of the cores, so the workers' and the writer thread's CPU time comes out of the step's.
+--no-decode skips the decoding run and feed.
 A checkpoint is due every --checkpoint-every optimizer steps and at each epoch's end. The loop's time is
 `_epochs` (first step to last epoch's checkpoint; the initial evaluation before it is excluded). Decodes
 are counted across the job's processes (`PairDataset.decodes`) at every epoch's end, before and after its
@@ -83,13 +90,62 @@ def make_job(manifests: dict, out: Path, epochs: int, workers: int, image_cache:
                                                      "selection_metric": "mean_r1"})
 
 
+class PhaseTimers:
+    """Wall seconds, main-thread CPU seconds and calls of named phases. A phase entered inside another
+    phase of the same `family` is not counted again (CheckpointWriter.save waits for the write in flight)."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+        self._inside: set[str] = set()
+        self.each: dict[str, list[float]] = {}   # every call's wall seconds, in order
+        self.on = False  # counting: within the loop's `_epochs` only (not the feed's start before the initial
+        # evaluation, nor the job's final wait for its last checkpoint)
+
+    def wrap(self, name: str, function, family: str | None = None):
+        family = family or name
+
+        def timed(*args, **kwargs):
+            if family in self._inside or not self.on:
+                return function(*args, **kwargs)
+            self._inside.add(family)
+            started, cpu = time.perf_counter(), time.thread_time()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self._inside.discard(family)
+                self.each.setdefault(name, []).append(time.perf_counter() - started)
+                self.seconds[name] = self.seconds.get(name, 0.0) + self.each[name][-1]
+                self.cpu[name] = self.cpu.get(name, 0.0) + time.thread_time() - cpu
+                self.calls[name] = self.calls.get(name, 0) + 1
+        return timed
+
+    def shares(self, wall_s: float) -> dict:
+        """Each phase's wall seconds, their share of `wall_s`, and the main thread's CPU seconds in it."""
+        return {name: {"s": round(value, 3), "share": round(value / wall_s, 3), "calls": self.calls[name],
+                       "main_thread_cpu_s": round(self.cpu[name], 3)}
+                for name, value in self.seconds.items()}
+
+
 @contextlib.contextmanager
 def observed():
-    """Patch the loop to time `_epochs` and count each epoch's decodes; yields what it saw."""
+    """Patch the loop to time `_epochs` and its phases, and count each epoch's decodes; yields what it saw.
+
+    Phases (wall seconds, calls and share of `_epochs`' wall time): `feed` (`group_batches`: waiting for the
+    next group's micro-batches and moving them), `feed_start` (a pass of the loader workers begun, within
+    `feed`), `backward` (the group's forward and backward, `group_backward`), `optimizer_step` (the whole
+    step, `feed` and `backward` included), `checkpoint_save` (host copy; a wait for a write in flight) and
+    `checkpoint_wait`, `end_of_epoch` (evaluation, weights digest), `other` (the rest: logging, progress,
+    per-epoch batching)."""
     import hnclip.training.loop as loop
+    from hnclip.data.feeding import LoadFeed
     from hnclip.data.loader import PairDataset
-    seen = {"datasets": [], "epochs": [], "loop_s": None}
+    from hnclip.training.checkpoint import CheckpointWriter
+    seen = {"datasets": [], "epochs": [], "loop_s": None, "phases": PhaseTimers(), "feeds_created": 0}
+    phases = seen["phases"]
     real_from_manifest, real_end, real_epochs = PairDataset.from_manifest.__func__, loop.end_of_epoch, loop._epochs
+    real_feed_init = LoadFeed.__init__
 
     def from_manifest(cls, *args, **kwargs):
         seen["datasets"].append(real_from_manifest(cls, *args, **kwargs))
@@ -105,15 +161,32 @@ def observed():
         return entry
 
     def epochs(*args, **kwargs):
-        started = time.perf_counter()
-        real_epochs(*args, **kwargs)
+        started, cpu, thread_cpu = time.perf_counter(), time.process_time(), time.thread_time()
+        phases.on = True
+        try:
+            real_epochs(*args, **kwargs)
+        finally:
+            phases.on = False
         seen["loop_s"] = time.perf_counter() - started
+        seen["main_thread_cpu_s"] = time.thread_time() - thread_cpu
+        seen["other_threads_cpu_s"] = time.process_time() - cpu - seen["main_thread_cpu_s"]  # the checkpoint writer
+
+    def feed_init(self, *args, **kwargs):
+        seen["feeds_created"] += 1
+        real_feed_init(self, *args, **kwargs)
 
     with contextlib.ExitStack() as stack:
         patch = stack.enter_context(_patching())
         patch(PairDataset, "from_manifest", classmethod(from_manifest))
-        patch(loop, "end_of_epoch", end_of_epoch)
+        patch(loop, "end_of_epoch", phases.wrap("end_of_epoch", end_of_epoch))
         patch(loop, "_epochs", epochs)
+        patch(loop, "group_batches", phases.wrap("feed", loop.group_batches))
+        patch(loop, "group_backward", phases.wrap("backward", loop.group_backward))
+        patch(loop, "optimizer_step", phases.wrap("optimizer_step", loop.optimizer_step))
+        patch(LoadFeed, "start", phases.wrap("feed_start", LoadFeed.start))
+        patch(LoadFeed, "__init__", feed_init)
+        patch(CheckpointWriter, "save", phases.wrap("checkpoint_save", CheckpointWriter.save, "checkpoint"))
+        patch(CheckpointWriter, "wait", phases.wrap("checkpoint_wait", CheckpointWriter.wait, "checkpoint"))
         yield seen
 
 
@@ -133,11 +206,31 @@ def _patching():
 
 def loop_run(job) -> dict:
     from hnclip.training.loop import train
+    children = os.times()
     with observed() as seen:
         record = train(job)
+    children = os.times().children_user + os.times().children_system - children.children_user - \
+        children.children_system  # the loader workers, reaped when the feed closes
     images = job.spec["recipe"]["epochs"] * (len(seen["datasets"][0]) // MICRO_BATCH) * MICRO_BATCH
     evaluation_s = sum(epoch["end_of_epoch_s"] for epoch in seen["epochs"])  # evaluation and weights digest
-    return {"images": images, "loop_s": round(seen["loop_s"], 2),
+    wall, phases = seen["loop_s"], seen["phases"]
+    shares = phases.shares(wall)
+    accounted = sum(phases.seconds.get(name, 0.0) for name in ("optimizer_step", "end_of_epoch", "checkpoint_save",
+                                                                 "checkpoint_wait"))
+    shares["other"] = {"s": round(wall - accounted, 3), "share": round((wall - accounted) / wall, 3)}
+    steps = phases.calls.get("optimizer_step", 0)
+    return {"images": images, "loop_s": round(wall, 2),
+            # where the loop's wall time goes (one run: shares do not depend on the machine's load as rates do)
+            "phases": shares, "feeds_created": seen["feeds_created"],
+            "feed_wait_s_each_step": [round(value, 3) for value in phases.each.get("feed", [])],
+            "backward_s_per_step": round(phases.seconds.get("backward", 0.0) / max(steps, 1), 4),
+            "backward_main_thread_cpu_s_per_step": round(phases.cpu.get("backward", 0.0) / max(steps, 1), 4),
+            # CPU seconds of the job's threads and processes during the loop (workers: all their life) and the
+            # main thread's over the loop's wall seconds: below 1 it waited (for the feed, the checkpoint writer,
+            # or a core that other threads or processes held)
+            "cpu_s": {"main_thread": round(seen["main_thread_cpu_s"], 2),
+                      "other_threads": round(seen["other_threads_cpu_s"], 2), "loader_workers": round(children, 2)},
+            "main_thread_cpu_share_of_wall": round(seen["main_thread_cpu_s"] / wall, 3),
             "loop_images_per_s": round(images / seen["loop_s"], 1),
             "end_of_epoch_evaluation_s": round(evaluation_s, 2),
             "loop_without_evaluation_images_per_s": round(images / (seen["loop_s"] - evaluation_s), 1),
@@ -157,15 +250,21 @@ def step_only(job) -> dict:
         plan, state = loop.fresh_memory_plan(run), LoopState()
         groups = accumulation_groups(epoch_micro_batches(run.indices, MICRO_BATCH, job.spec["seed"], 0), GRAD_ACCUM)
         ready = [[run.method.to_device(run.method.load(ix), run.device) for ix in group] for group in groups]
+        phases = PhaseTimers()
+        phases.on = True
         with _patching() as patch:
             patch(loop, "group_batches", lambda run_, epoch, index, group: ready[index])
             loop.optimizer_step(run, state, plan, 0, 0, groups[0])  # warm-up
-            started = time.perf_counter()
+            patch(loop, "group_backward", phases.wrap("backward", loop.group_backward))
+            started, cpu = time.perf_counter(), time.thread_time()
             for index, group in enumerate(groups):
                 loop.optimizer_step(run, state, plan, 0, index, group)
-            seconds = time.perf_counter() - started
+            seconds, cpu_s = time.perf_counter() - started, time.thread_time() - cpu
     images = len(groups) * GRAD_ACCUM * MICRO_BATCH
-    return {"images": images, "steps_s": round(seconds, 2), "images_per_s": round(images / seconds, 1)}
+    return {"images": images, "steps_s": round(seconds, 2), "images_per_s": round(images / seconds, 1),
+            "backward_s_per_step": round(phases.seconds["backward"] / len(groups), 4),
+            "backward_main_thread_cpu_s_per_step": round(phases.cpu["backward"] / len(groups), 4),
+            "main_thread_cpu_share_of_wall": round(cpu_s / seconds, 3)}
 
 
 def feed_only(manifests: dict, image_cache: bool) -> dict:
@@ -188,6 +287,14 @@ def feed_only(manifests: dict, image_cache: bool) -> dict:
             "images_per_s": round(images / seconds, 1), "decodes": data.decodes}
 
 
+def _autogroup() -> bool | None:
+    """Whether the kernel shares CPU time between sessions (autogroups) rather than threads (None: unknown)."""
+    try:
+        return Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1"
+    except OSError:
+        return None
+
+
 def main(argv: list[str] | None = None) -> dict:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import open_clip
@@ -201,6 +308,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--checkpoint-every", type=int, default=2, help="optimizer steps between checkpoints")
+    parser.add_argument("--no-decode", action="store_true", help="skip the run and feed that decode JPEGs")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -223,20 +331,22 @@ def main(argv: list[str] | None = None) -> dict:
         steps_before = step_only(steps_job)  # before and after the loops: a bracket on a machine whose load drifts
         runs = {"image_cache": loop_run(make_job(manifests, root / "cache", args.epochs, args.workers, True,
                                                  args.checkpoint_every)),
-                "decode": loop_run(make_job(manifests, root / "decode", args.epochs, args.workers, False,
-                                            args.checkpoint_every)),
+                **({} if args.no_decode else {"decode": loop_run(make_job(
+                    manifests, root / "decode", args.epochs, args.workers, False, args.checkpoint_every))}),
                 "step_only_before": steps_before, "step_only": step_only(steps_job),
-                "feed_only_image_cache": feed_only(manifests, True), "feed_only_decode": feed_only(manifests, False)}
+                "feed_only_image_cache": feed_only(manifests, True),
+                **({} if args.no_decode else {"feed_only_decode": feed_only(manifests, False)})}
     step_rate = statistics.mean([runs["step_only_before"]["images_per_s"], runs["step_only"]["images_per_s"]])
-    for name in ("feed_only_image_cache", "feed_only_decode"):  # the feed's CPU time per image, per step's
+    for name in [name for name in ("feed_only_image_cache", "feed_only_decode") if name in runs]:  # per step's
         runs[name]["cpu_share_of_a_step"] = round(runs[name]["cpu_ms_per_image"] / (1000 / step_rate), 3)
-    for name in ("image_cache", "decode"):
+    for name in [name for name in ("image_cache", "decode") if name in runs]:
         runs[name]["loop_vs_step_only"] = round(runs[name]["loop_images_per_s"] / step_rate, 3)
         runs[name]["loop_without_evaluation_vs_step_only"] = round(
             runs[name]["loop_without_evaluation_images_per_s"] / step_rate, 3)
     return append_record(args.out, {
         "benchmark": "loop_throughput", "timestamp": utc_now(), "commit": _commit(ROOT),
         "cpus": len(os.sched_getaffinity(0)), "main_threads": 1, "workers": args.workers,
+        "autogroup_scheduling": _autogroup(),
         # the machine's 1-minute load average before and after: above the CPU count, other processes
         # shared the cores and the rates are theirs as much as the loop's
         "load_average": [round(load_before, 1), round(os.getloadavg()[0], 1)],

@@ -3,6 +3,8 @@
     nice -n 10 python benchmarks/token_term_profile.py     # Long-CLIP-L shapes on the CPU (minutes)
     python benchmarks/token_term_profile.py --device cuda  # on a GPU: the micro-batch under bf16 autocast
     python benchmarks/token_term_profile.py --small        # tiny shapes (what the tests run)
+    python benchmarks/token_term_profile.py --groups 8     # a compute-batch forward's 8 groups: per group
+                                                           # against one call (`--groups` mode, below)
 
 Shapes (paper): ViT-L/14 at 224 px gives 256 patch tokens (the class token is the pooled feature, not a
 token of the term) and the 768-wide text tower 248 positions, trimmed to the micro-batch's longest
@@ -17,6 +19,13 @@ Two implementations of L_tok, on the same token features:
             recomputed in backward above 256 MiB)
   current   `hnclip.losses.token.token_alignment_loss` (one autograd function per chunk; argmax indices
             saved, the gradient scattered once)
+With --groups G: the token terms of a compute-batch forward of G micro-batches (the concatenated token
+features of G groups, each of its own captions' lengths, padded to the forward's longest) computed one group
+at a time (`objective.token_term` on each group's rows, as before) and in one block-diagonal call
+(`objective.grouped_token_similarities` + each group's cross-entropy, what `compute_batch` runs now): both
+timed (forward + backward, interleaved, median of --repeats), their operator calls counted (torch.profiler;
+on CUDA the kernels launched too) and their losses and gradients compared (torch.equal). Its own record.
+
 Each is timed as forward + backward of the term alone (--repeats, median, each after a warm-up pass, the two
 implementations interleaved so both see the same load on a shared machine), and its
 autograd-saved bytes counted (a tensor saved twice counts twice). Unless --term-only, one whole HN-CLIP
@@ -170,6 +179,63 @@ def time_forward(model, shapes: dict, device: torch.device) -> float:
     return time.perf_counter() - start
 
 
+def grouped_record(shapes: dict, groups: int, repeats: int, device: torch.device) -> dict:
+    """Per-group token terms against one block-diagonal call, on one compute-batch forward's features."""
+    from hnclip.losses.objective import grouped_token_similarities, token_term
+    from hnclip.losses.token import token_loss_of_similarities
+    from hnclip.models.towers import Encoded
+    parts = [token_features(shapes, seed) for seed in range(groups)]
+    length = max(texts.shape[1] for _, texts, _ in parts)
+    images = torch.cat([i.detach() for i, _, _ in parts]).to(device).requires_grad_()
+    texts = torch.cat([F.pad(t.detach(), (0, 0, 0, length - t.shape[1])) for _, t, _ in parts]).to(device)
+    texts.requires_grad_()
+    padding = torch.cat([F.pad(p, (0, length - p.shape[1]), value=True) for _, _, p in parts]).to(device)
+    scale, micro = torch.tensor(100.0, device=device), shapes["micro_batch"]
+
+    def per_group(encoded):
+        return torch.stack([token_term(Encoded(image_tokens=encoded.image_tokens[g * micro:(g + 1) * micro],
+                                               text_tokens=encoded.text_tokens[g * micro:(g + 1) * micro],
+                                               text_padding_mask=encoded.text_padding_mask[g * micro:(g + 1) * micro]),
+                                       scale) for g in range(groups)])
+
+    def grouped(encoded):
+        sim_i2t, sim_t2i = grouped_token_similarities(encoded, groups)
+        return torch.stack([token_loss_of_similarities(a, b, scale) for a, b in zip(sim_i2t, sim_t2i)])
+
+    def run(function):
+        images.grad = texts.grad = None
+        losses = function(Encoded(image_tokens=images, text_tokens=texts, text_padding_mask=padding))
+        losses.sum().backward()
+        _synchronize(device)
+        return losses.detach(), images.grad, texts.grad
+
+    results, seconds, calls = {}, {"per_group": [], "grouped": []}, {}
+    ways = {"per_group": per_group, "grouped": grouped}
+    for name, function in ways.items():
+        results[name] = run(function)   # the warm-up
+        activities = [torch.profiler.ProfilerActivity.CPU] + \
+            ([torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        with torch.profiler.profile(activities=activities) as profile:
+            run(function)
+        events = profile.events()
+        calls[name] = {"aten_ops": sum(1 for e in events if e.name.startswith("aten::")),
+                       **({"cuda_kernels": sum(1 for e in events if e.device_type == torch.autograd.DeviceType.CUDA)}
+                          if device.type == "cuda" else {})}
+    for _ in range(repeats):  # interleaved, so both see the same load on a shared machine
+        for name, function in ways.items():
+            start = time.perf_counter()
+            run(function)
+            seconds[name].append(time.perf_counter() - start)
+    equal = {part: torch.equal(a, b) for part, a, b in
+             zip(("losses", "image_grad", "text_grad"), results["per_group"], results["grouped"], strict=True)}
+    return {"benchmark": "token_term_profile", "mode": "grouped", "groups": groups,
+            "shapes": {**shapes, "text_tokens": length, "chunk": TOKEN_LOSS_CHUNK}, "precision": "fp32 term",
+            "equal_per_group_vs_grouped": equal,
+            **{name: {"s": [round(x, 4) for x in seconds[name]], "s_median": round(statistics.median(seconds[name]), 4),
+                      "calls": calls[name]} for name in ways},
+            **environment(device)}
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--small", action="store_true", help="tiny shapes instead of Long-CLIP-L's")
@@ -186,12 +252,19 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--term-only", action="store_true", help="skip the whole micro-batch")
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--groups", type=int, default=None,
+                        help="compare per-group token terms with one block-diagonal call over this many groups")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON lines are appended here")
     args = parser.parse_args(argv)
     shapes, device = SMALL if args.small else PAPER, torch.device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
     configure_tf32(device, True)  # the paper profile's execution.tf32
+    if args.groups:
+        record = grouped_record(shapes, args.groups, args.repeats, device)
+        print({key: record[key] for key in ("equal_per_group_vs_grouped", "per_group", "grouped")}, flush=True)
+        append_jsonl(args.out, record)
+        return record
     images, texts, padding = (t.to(device).detach().requires_grad_(t.requires_grad) for t in token_features(shapes))
     reference = [previous_token_alignment_loss(images, texts, padding, 100.0, TOKEN_LOSS_CHUNK)]
     reference += list(torch.autograd.grad(reference[0], [images, texts]))

@@ -36,7 +36,8 @@ import torch.nn.functional as F
 
 from hnclip.config.objective_keys import MARGIN_CONTROLS, g_source, margin_control, margin_settings
 from hnclip.losses.contrastive import infonce_logits, symmetric_cross_entropy
-from hnclip.losses.distributed import gather_features, global_token_alignment_loss
+from hnclip.losses.distributed import gather_features, gather_token_features, global_token_alignment_loss
+from hnclip.losses.token import late_interaction_similarities, token_loss_of_similarities
 from hnclip.models.towers import Encoded, encode_batch, encode_text
 
 TOKEN_LOSS_CHUNK = 16  # captions per chunk of the token-level term: bounds its memory at paper scale
@@ -181,16 +182,34 @@ def token_term(encoded: Encoded, logit_scale) -> torch.Tensor:
                                        encoded.text_padding_mask, logit_scale, chunk_size=TOKEN_LOSS_CHUNK)
 
 
+def grouped_token_similarities(encoded: Encoded, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The FILIP scores (sim_i2t, sim_t2i), [groups, m, m] each, of `groups` equal contrastive groups whose
+    rows are concatenated in `encoded` (a compute-batch forward), in one call: block-diagonal, group g's
+    scores those of its own rows (gathered across processes) alone, as `token_term` computes them."""
+    local_rows = encoded.image_tokens.shape[0]
+    if local_rows % groups:
+        raise ValueError(f"{local_rows} rows are not {groups} equal groups")
+    gathered = gather_token_features(as_float32(encoded.image_tokens), as_float32(encoded.text_tokens),
+                                     encoded.text_padding_mask)
+    # gathered rank-major (rank, group, row): a group's gathered rows are its rows of every rank, in rank order
+    by_group = [tensor.reshape(-1, groups, local_rows // groups, *tensor.shape[1:]).transpose(0, 1)
+                .reshape(groups, -1, *tensor.shape[1:]) for tensor in gathered]
+    return late_interaction_similarities(*by_group, chunk_size=TOKEN_LOSS_CHUNK)
+
+
 def group_terms(encoded: Encoded, scale: torch.Tensor, objective: dict,
                 g_features: torch.Tensor | None = None,
-                shuffle_key: ShuffleKey | None = None) -> dict[str, torch.Tensor]:
+                shuffle_key: ShuffleKey | None = None,
+                token_similarities: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """The objective's named terms on one contrastive group (the features of one micro-batch);
-    `total` is what is back-propagated."""
+    `total` is what is back-propagated. `token_similarities`: the group's FILIP scores computed already (a
+    compute-batch forward scores all its groups at once, `grouped_token_similarities`); None: scored here."""
     terms = contrastive_terms(encoded.image_features, encoded.text_features, scale, objective, g_features,
                               shuffle_key)
     total = terms[trained_term(objective)]
     if objective["lambda_tok"] > 0:
-        terms["tok"] = token_term(encoded, scale)
+        terms["tok"] = token_term(encoded, scale) if token_similarities is None else \
+            token_loss_of_similarities(*token_similarities, scale)
         total = total + objective["lambda_tok"] * terms["tok"]
     terms["total"] = total
     return terms

@@ -3,7 +3,8 @@
 The contrastive group stays the micro-batch (the paper's 16-way softmax); only the forward gets
 larger. Up to `compute_batch` pairs (a multiple of `micro_batch`) are concatenated and encoded
 at once; every in-batch term is then computed per micro-batch on its rows of the features
-(block-diagonal: the group's own logits, its own live or frozen G, its own token term), and
+(block-diagonal: the group's own logits, its own live or frozen G, its own token term: the token
+terms of all groups of a forward in one block-diagonal call, `objective.grouped_token_terms`), and
 sum(group totals) / len(group batches) is back-propagated. The towers have no batch-dependent
 layers (LayerNorm, no BatchNorm) and train without dropout, so this is the gradient of sequential
 accumulation up to float rounding, while an accelerator runs one large batch instead of several
@@ -18,9 +19,10 @@ In a multi-process run each rank concatenates its shares of the micro-batches, a
 terms gather that group's features from all ranks (`hnclip.losses.distributed`): every rank
 computes the groups in the same order, so the collectives match.
 
-Memory: all groups' loss graphs are kept until the one backward, so the token term holds
-(compute_batch / micro_batch) groups' [m, m, P, T] score tensors at once (about 1 GB at the
-paper's shapes); the encoder activations of the large forward dominate.
+Memory: all groups' loss graphs are kept until the one backward; the token term keeps only its argmax
+indices, but its one call per forward makes the cosines of every group's chunk at once, (compute_batch /
+micro_batch) x [m, chunk, P, T] fp32 while it runs (about 0.5 GB at the paper's 8 x 16 pairs, chunks
+of 16, 256 patches, 248 tokens); the encoder activations of the large forward dominate.
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ from dataclasses import fields
 
 import torch
 
-from hnclip.losses.objective import Autocast, ShuffleKey, frozen_g_features, group_terms
+from hnclip.losses.objective import Autocast, ShuffleKey, frozen_g_features, group_terms, grouped_token_similarities
 from hnclip.models.towers import Encoded, encode_batch
 from hnclip.training.memory import micro_batches_per_forward
 
@@ -75,18 +77,34 @@ def _forward_backward(model, chunk: list[MicroBatch], group_size: int, objective
         encoded = encode_batch(model, torch.cat([i for i, _ in chunk]), tokens, with_tokens=objective["lambda_tok"] > 0)
         g_features = frozen_g_features(frozen_text, tokens, objective)
     scale = model.logit_scale.exp()
+    token_scores = _merged_token_scores(encoded, chunk, objective, terms)
     group_losses, start = [], 0
-    for (images, _), key in zip(chunk, shuffle_keys, strict=True):
+    for index, ((images, _), key) in enumerate(zip(chunk, shuffle_keys, strict=True)):
         rows = slice(start, start + images.shape[0])
         start = rows.stop
         margin = None if g_features is None else g_features[rows]
         keyed = () if key is None else (key,)
-        group_losses.append(terms(encoded_rows(encoded, rows), scale, objective, margin, *keyed))
+        merged = {} if token_scores is None else {"token_similarities": (token_scores[0][index],
+                                                                          token_scores[1][index])}
+        group_losses.append(terms(encoded_rows(encoded, rows), scale, objective, margin, *keyed, **merged))
     records = _as_floats(group_losses)
     for record in records:
         check(record)
     (torch.stack([losses["total"] for losses in group_losses]).sum() / group_size).backward()
     return records
+
+
+def _merged_token_scores(encoded: Encoded, chunk: list[MicroBatch], objective: dict,
+                         terms: GroupTerms) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Every group's FILIP scores of one forward in one call (`grouped_token_similarities`: the same
+    block-diagonal per-group scores, with one group's kernel launches instead of one per group), where the
+    terms are the objective's own (`group_terms`) and the groups are equal; None: each group scores its own.
+    Each group's cross-entropy stays in its own `group_terms` call, so the logit scale's gradient sums its
+    contributions in the same order as before."""
+    sizes = {images.shape[0] for images, _ in chunk}
+    if terms is not group_terms or objective["lambda_tok"] <= 0 or len(chunk) < 2 or len(sizes) > 1:
+        return None
+    return grouped_token_similarities(encoded, len(chunk))
 
 
 def _as_floats(group_losses: list[dict[str, torch.Tensor]]) -> list[dict[str, float]]:

@@ -3,11 +3,14 @@ layers: this is the training side (the loop's micro-batches, in its order, acros
 the worker-process loader it uses, which evaluation uses too, is `hnclip.data.feeding`.
 
 0 (the default): `method.load` on the main process, one micro-batch after the other, the loop's
-original code. N > 0: N worker processes load the epoch's micro-batches ahead of the optimizer
-steps (`hnclip.data.feeding.LoadFeed`), across accumulation groups, in the epoch's order: one pass
-per epoch from the position the loop is at (a resumed run starts mid-epoch), each item checked
-against the micro-batch the loop asks for. The loop therefore gets the same micro-batches in the same
-order either way, and trains to the same weights.
+original code. N > 0: N worker processes load the micro-batches ahead of the optimizer steps
+(`hnclip.data.feeding.LoadFeed`), across accumulation groups and epochs, in the loop's order: one pass
+from the position the loop is at (a resumed run starts mid-epoch) through the job's last epoch, begun
+when the feed is made (the loop makes it before the initial evaluation, so the workers start and load
+the first micro-batches meanwhile) and running on through each epoch's end (the next epoch's first
+micro-batches load during the evaluation), each item checked against the micro-batch the loop asks for.
+The loop therefore gets the same micro-batches in the same order either way, and trains to the same
+weights.
 
 This is safe because every framework's `load` is a pure function of its indices: HN-CLIP's and
 FineLIP's (`PairDataset.batch`: decode, open_clip's eval transform, tokens made up front; with the image
@@ -23,25 +26,43 @@ from hnclip.training.batching import accumulation_groups, epoch_micro_batches
 
 
 class MicroBatchFeed:
-    """One run's worker feed: a pass per epoch, started at the first group the loop asks for."""
+    """One run's worker feed: one pass through the job's remaining epochs, from `start` (epoch, group), or
+    from the first group the loop asks for; a group out of the pass's order begins a new pass there."""
 
-    def __init__(self, run, workers: int):
+    def __init__(self, run, workers: int, start: tuple[int, int] | None = None, last_epoch: int | None = None):
         self.run = run
         self.feed = LoadFeed(run.method.load, workers, run.device)
-        self.position: tuple[int, int] | None = None   # (epoch, group) the current pass serves next
+        self.last_epoch = run.recipe["epochs"] if last_epoch is None else last_epoch   # 1-based, inclusive
+        self.plan: list[tuple[int, int]] = []   # (epoch, group) of the current pass, in order
+        self.served = 0                          # groups of the pass handed over so far
+        if start is not None:
+            self._start(*start)
+
+    def _groups(self, epoch: int) -> list[list[list[int]]]:
+        run, recipe = self.run, self.run.recipe
+        return accumulation_groups(epoch_micro_batches(run.indices, recipe["micro_batch"], run.job.spec["seed"],
+                                                       epoch), recipe["grad_accum"])
+
+    def _start(self, epoch: int, group_index: int) -> None:
+        self.plan, index_lists = [], []
+        for e in range(epoch, max(self.last_epoch, epoch + 1)):
+            groups = self._groups(e)
+            for g in range(group_index if e == epoch else 0, len(groups)):
+                self.plan.append((e, g))
+                index_lists += [self.run.distributed.local_slice(ix) for ix in groups[g]]
+        self.served = 0
+        self.feed.start(index_lists)
 
     def group(self, epoch: int, group_index: int, group: list[list[int]]) -> list:
         """The micro-batches of accumulation group `group_index` of `epoch`, on the run's device."""
-        run, recipe = self.run, self.run.recipe
-        if self.position != (epoch, group_index):
-            groups = accumulation_groups(epoch_micro_batches(run.indices, recipe["micro_batch"], run.job.spec["seed"],
-                                                             epoch), recipe["grad_accum"])
-            if groups[group_index] != group:
+        run = self.run
+        if self.served >= len(self.plan) or self.plan[self.served] != (epoch, group_index):
+            if self._groups(epoch)[group_index] != group:
                 raise RuntimeError(f"epoch {epoch + 1}, group {group_index}: the loop's micro-batches are not "
                                    f"the epoch's (training.batching): the feed cannot load ahead of it")
-            self.feed.start([run.distributed.local_slice(ix) for g in groups[group_index:] for ix in g])
+            self._start(epoch, group_index)
         loaded = self.feed.take([run.distributed.local_slice(ix) for ix in group])
-        self.position = (epoch, group_index + 1)
+        self.served += 1
         return [run.method.to_device(batch, run.device) for batch in loaded]
 
     def close(self) -> None:

@@ -346,20 +346,22 @@ def _train(job: TrainJob, distributed: Distributed) -> dict:
     if main:
         selected_weights_file(job, state.history)  # a resume area that lost them fails now, not after training
         run.checkpoints = CheckpointWriter(job.checkpoint_dir)
-    if main and state.initial_eval is None:  # the starting point (zero-shot init), for "does fine-tuning help?"
-        with timed(state.timers, "eval_s"):
-            state.initial_eval = initial_evaluation(run.trained.export(), run.eval_sets, job, run.device)
-    progress = tqdm(total=run.total_steps, initial=state.step, desc=job.run_id, unit="step", disable=not main,
-                    mininterval=1 if sys.stderr.isatty() else 15, file=sys.stderr)
-    curves = TrainingCurves(job.curves_dir if main else None, state.step)
-    if job.execution.get("loader_workers", 0) > 0:
-        run.feed = MicroBatchFeed(run, job.execution["loader_workers"])
-    failed = True
+    if job.execution.get("loader_workers", 0) > 0:  # begun now: the workers start and load during the evaluation
+        start = (state.epoch, state.group) if state.epoch < last_epoch else None
+        run.feed = MicroBatchFeed(run, job.execution["loader_workers"], start, last_epoch)
+    failed, curves = True, None
     try:
+        if main and state.initial_eval is None:  # the starting point (zero-shot init), for "does fine-tuning help?"
+            with timed(state.timers, "eval_s"):
+                state.initial_eval = initial_evaluation(run.trained.export(), run.eval_sets, job, run.device)
+        progress = tqdm(total=run.total_steps, initial=state.step, desc=job.run_id, unit="step", disable=not main,
+                        mininterval=1 if sys.stderr.isatty() else 15, file=sys.stderr)
+        curves = TrainingCurves(job.curves_dir if main else None, state.step)
         _epochs(run, state, plan, progress, curves, last_epoch)
         failed = False
     finally:
-        curves.close()
+        if curves is not None:
+            curves.close()
         if run.feed is not None:
             run.feed.close()
         if run.checkpoints is not None:
