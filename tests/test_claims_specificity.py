@@ -6,6 +6,7 @@ import math
 import numpy as np
 import pytest
 
+from hnclip.claims import correlation as C
 from hnclip.claims import specificity as S
 from hnclip.claims import worlds as W
 from hnclip.claims.calibration import QueryPool, printed
@@ -265,13 +266,13 @@ def test_the_between_run_correlation_is_measured_from_per_query_hits(tmp_path):
         ranks = np.where(latent < 0.25, 0, 1 + rng.integers(0, 50, 4000))  # a hit: rank 0
         record = {"best": {"metrics": {"ranks": {"t2i": ranks.tolist()}}}, "provenance": {"git": {"commit": "abc"}}}
         write_json(tmp_path / run / "docci.json", record)
-    measured = S.outcome_correlation(tmp_path)
+    measured = C.outcome_correlation(tmp_path)
     assert measured["pairs"] == 3 and measured["records_of_commits"] == ["abc"] and measured["of"] == "R@1 hits"
     assert measured["correlation"] == pytest.approx(0.5, abs=0.06)
     assert measured["by_test_set"]["docci/t2i"]["runs"] == 3
-    assert S.latent_correlation(2 / math.pi * math.asin(0.868), 0.5) == pytest.approx(0.868, abs=1e-6)
+    assert C.latent_correlation(2 / math.pi * math.asin(0.868), 0.5) == pytest.approx(0.868, abs=1e-6)
     with pytest.raises(ValueError, match="no evaluation records"):
-        S.outcome_correlation(tmp_path / "empty")
+        C.outcome_correlation(tmp_path / "empty")
 
 
 def test_the_file_records_the_correlation_it_was_measured_with():

@@ -146,3 +146,73 @@ def test_the_papers_seed_sd_is_table_a8s():
     sd, source = T.paper_seed_sd()
     # Table A8's six R@1 pairs of seeds 42 / 43 (HN-CLIP, GOAL, StructXLIP; T→I and I→T)
     assert sd == pytest.approx(0.3907, abs=1e-4) and "Table A8" in source
+
+
+class _Cells:
+    """A source of one number per (row, benchmark): the claims' statistic interpreter's cells."""
+
+    def __init__(self, values: dict):
+        self.values = values
+
+    def has(self, table, row, part):
+        return (row, part[0]) in self.values
+
+    def cell(self, table, row, part, selection):
+        return np.array([self.values[row, part[0]]])
+
+
+def test_a_decision_at_the_claims_tie_judges_each_item_against_its_own():
+    """`> -tie` over a minimum: DOCCI's item (5,100 queries) against DOCCI's tie, not Urban-1K's larger one."""
+    from hnclip.claims.statistics import statistic_draws
+    claim = yaml.safe_load("""
+claim_id: c
+statistic: {contrast: {table: table1, pairs: [[hn_clip, goal]],
+                       columns: {benchmarks: [docci, urban1k], directions: [t2i], metrics: [R@1]}},
+            reduce: min, tolerance: tie}
+decision: {op: ">", threshold: "-tie"}
+""")
+    out = T.resolved(claim, T.paper_model(0.868))
+    ties = out["statistic"]["contrast"]["item_ties"]
+    small, large = ties["docci/t2i/R@1"], ties["urban1k/t2i/R@1"]
+    assert out["statistic"]["item_tie_sign"] == 1 and small < large == pytest.approx(out["tie"])
+    deficit = -(small + large) / 2  # within Urban-1K's tie, beyond DOCCI's
+    values = {("hn_clip", "docci"): 50.0 + deficit, ("goal", "docci"): 50.0,
+              ("hn_clip", "urban1k"): 60.0, ("goal", "urban1k"): 59.0}
+    (value,) = statistic_draws(out["statistic"], _Cells(values))
+    assert value == pytest.approx(deficit + small - large) and not value > out["decision"]["threshold"]
+    values["hn_clip", "docci"] = 50.0 - 0.9 * small  # within DOCCI's own tie: passes
+    (value,) = statistic_draws(out["statistic"], _Cells(values))
+    assert value > out["decision"]["threshold"]
+    # an Urban-1K item is compared with its own tie, the claim's largest: unchanged
+    values.update({("hn_clip", "docci"): 51.0, ("hn_clip", "urban1k"): 59.0 - 0.9 * large})
+    (value,) = statistic_draws(out["statistic"], _Cells(values))
+    assert value == pytest.approx(-0.9 * large)
+    assert T.item_tie_sign({"decision": {"op": ">=", "threshold": 8}}) is None
+    assert T.item_tie_sign({"decision": {"op": "<=", "threshold": "tie"}}) == -1
+
+
+def test_rho_is_measured_per_test_set_and_direction_from_paired_hits_else_the_fallback(tmp_path):
+    from hnclip.claims.correlation import test_set_correlations
+    from hnclip.io import write_json
+    rng = np.random.default_rng(0)
+    shared = rng.standard_normal(3000)
+    files = []
+    for run in ("a", "b"):
+        latent = (shared + rng.standard_normal(3000)) / math.sqrt(2)  # latent correlation 0.5
+        record = {"best": {"metrics": {"ranks": {"t2i": np.where(latent < 0, 0, 3).tolist()}}}}
+        files.append(tmp_path / run / "docci.json")
+        write_json(files[-1], record)
+    measured = test_set_correlations(files)
+    assert list(measured) == ["docci/t2i"] and measured["docci/t2i"] == pytest.approx(0.5, abs=0.07)
+    assert test_set_correlations(files[:1]) == {}  # one run: nothing paired, the fallback
+    model = T.TieModel({"docci": 5100, "urban1k": 1000}, 0.868, 0.39, "test", measured=tuple(measured.items()))
+    assert model.correlation_of("docci", "t2i") == (measured["docci/t2i"], "measured")
+    assert model.correlation_of("docci", "i2t") == (0.868, "fallback")
+    spec = {"columns": {"benchmarks": ["docci"], "directions": ["t2i", "i2t"], "metrics": ["R@1"]}}
+    ties = model.column_ties(spec)
+    fallback = T.TieModel({"docci": 5100}, 0.868, 0.39, "test").column_ties(spec)
+    assert ties["docci/t2i/R@1"] > fallback["docci/t2i/R@1"]  # less correlated runs: a wider tie
+    assert ties["docci/i2t/R@1"] == pytest.approx(fallback["docci/i2t/R@1"])
+    used = T.claim_correlations({"statistic": {"contrast": spec}}, model)
+    assert used == {"docci/i2t": {"rho": 0.868, "source": "fallback"},
+                    "docci/t2i": {"rho": measured["docci/t2i"], "source": "measured"}}

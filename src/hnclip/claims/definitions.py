@@ -35,6 +35,8 @@ SIZE_MIN = 0.90           # ... and at least this often for an exact reproductio
 def rule_hash(claim: dict) -> str:
     """What a claim's verdict depends on: its statistic and decisions (not its quote or prose)."""
     rule = {key: claim.get(key) for key in ("statistic", "decision", "real_data_decision")}
+    if claim.get("exact_check"):  # its denied world sits by its printed rounding
+        rule["exact_check"] = claim["exact_check"]["printed_rounding"]
     return hashlib.sha256(json.dumps(rule, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -20,6 +20,8 @@ One module a job:
   preconditions         real data and the regime preconditions a claim may require
   verdicts              the verdict categories and rules, a claim judged, the scorecard
   tie                   the tie tolerance's formula and the between-seed term
+  correlation           the between-run correlation of per-query hits (measured per test set, or the fallback)
+  worlds, probe_worlds  the worlds each rule is meant to deny (retrieval cells; probes and caption statistics)
   markdown              the scorecard as Markdown
   scorecard (this module) the files it reads and writes, and their provenance
 """
@@ -32,7 +34,7 @@ from hnclip import provenance
 from hnclip.claims.definitions import claim_definitions, statistic_leaves, tables_named
 from hnclip.claims.markdown import to_markdown
 from hnclip.claims.preconditions import REGIME_CONDITIONS, as_condition, profile_conditions
-from hnclip.claims.tie import SEED_TABLE, Z_TIE, profile_model
+from hnclip.claims.tie import SEED_TABLE, Z_TIE, claim_correlations, profile_model
 from hnclip.claims.verdicts import VERDICTS, scorecard
 from hnclip.config import paths
 from hnclip.config.registry import Registry
@@ -88,7 +90,10 @@ def build_claims(reg: Registry) -> list[Path]:
         "claims", inputs=inputs, wall_time_s=time.time() - started,
         params={"profile": reg.profile_name, "bootstrap": vars(boot.settings), "claims": claim_definitions()},
         extra={"tie": {"z": Z_TIE, "correlation": model.correlation, "seed_sd": model.seed_sd,
-                       "seed_source": model.seed_source, "test_sizes": model.sizes},
+                       "seed_source": model.seed_source, "test_sizes": model.sizes,
+                       # the rho each claim's contrasts used: measured from paired per-query hits, or the fallback
+                       "correlations": {c["claim_id"]: claim_correlations(c, model) for c in claim_definitions()
+                                        if claim_correlations(c, model)}},
                "verdicts": dict(zip(frame["claim_id"], frame["verdict"])),
                "paper_verdicts": dict(zip(frame["claim_id"], frame["paper_verdict"])),
                "preconditions": {name: as_condition(conditions.get(name)).met for name in REGIME_CONDITIONS},

@@ -21,8 +21,9 @@ threshold; reversed, TIMING_SHIFT times beyond it). A closeness claim on retriev
 equivalence test's worlds (`closeness_worlds`): null, its statistic's truth on an edge of the band (every
 compared a row at its b row plus the bound, or shifted so the paper's number lands on the band's edge);
 reversed, SHIFT beyond the edge; one world per edge, the larger support counts. Claims on gradient probes
-or caption statistics are not simulated: their null world is not a change of rows, and their specificity
-is NaN with the reason in `specificity_note`.
+and caption statistics have the worlds of hnclip.claims.probe_worlds: a caption statistic is an exact check
+(one benchmark just outside the stated tolerance), a probe statistic the calibration's probe records moved
+onto the claim's boundary and block-bootstrapped by run and epoch.
 
 `python -m hnclip.claims.specificity` measures every rule at the paper's test sizes (Table A1), with its
 `size` from the calibration, and writes `specificity.json` beside claims.yaml, each entry with the
@@ -33,7 +34,8 @@ Unlike the calibration, which draws rows independently (the least favourable cas
 reproduction), outcomes here are correlated between runs (`WorldCells`, `correlation`): real runs share
 easy and hard queries, which narrows a paired interval and makes a tie tolerance easier to pass when the
 effect is absent. The correlation is measured from a built profile's evaluation records
-(`--correlation-from results/evals`, `rank_correlation`) and recorded with the file's settings.
+(`--correlation-from results/evals`, hnclip.claims.correlation.outcome_correlation) and recorded with the file's
+settings; on the paper's numbers no runs are paired, so every contrast takes it as the fallback.
 """
 from __future__ import annotations
 
@@ -53,10 +55,12 @@ from hnclip.claims.calibration import (
     printed,
     support_rates,
 )
+from hnclip.claims.correlation import outcome_correlation
 from hnclip.claims.definitions import SPECIFICITY_FILE, claim_definitions, rule_hash
 from hnclip.claims.evidence import paper_cells
 from hnclip.claims.preconditions import paper_conditions
-from hnclip.claims.tie import CORRELATION, Z_TIE, TieModel, hit_correlation, paper_model, paper_test_sizes, resolved
+from hnclip.claims.probe_worlds import reads_probes_or_captions, world_support
+from hnclip.claims.tie import CORRELATION, Z_TIE, TieModel, paper_model, paper_test_sizes, resolved
 from hnclip.claims.verdicts import judge_claim
 from hnclip.claims.worlds import (
     SHIFT,
@@ -172,6 +176,14 @@ def specificity(claims: list[dict], n_sims: int = 200, resamples: int = 100, see
         if with_size and batchable(claim["statistic"]):
             row["size"] = support(claim, World(), decision)  # the paper's truth, at the same correlation
         for kind in kinds:
+            if reads_probes_or_captions(claim):  # the exact checks' and probe boundaries' worlds
+                measured = world_support(claim, pool, rng, kind, n_sims)
+                if isinstance(measured, str):
+                    row[f"{kind}_support"], row["specificity_note"] = math.nan, measured
+                    continue
+                row[f"{kind}_support"] = measured[0]
+                row["null_worlds"] = measured[1] if kind == "null" else row["null_worlds"]
+                continue
             world = world_of(claim, kind)
             if isinstance(world, str):
                 row[f"{kind}_support"], row["specificity_note"] = math.nan, world
@@ -209,8 +221,10 @@ def measure_rules(claims: list[dict], sims: int, resamples: int, seed: int,
     for claim, world in zip(claims, worlds.to_dict("records")):
         cells = batchable(claim["statistic"])
         size = world["size"] if cells else float(simulated[claim["claim_id"]])
+        # the paper publishes no per-query outcomes: every contrast uses the one (fallback) correlation
         out[claim["claim_id"]] = {"rule_hash": rule_hash(claim), "size": float(size),
                                   "correlation": correlation if cells else None,
+                                  "correlation_source": "fallback" if cells else None,
                                   **{k: (None if isinstance(v, float) and math.isnan(v) else v)
                                      for k, v in world.items() if k not in ("claim_id", "size")}}
     return out
@@ -226,48 +240,6 @@ def sensitivity(claims: list[dict], sims: int, resamples: int, seed: int) -> dic
         out[f"{rho:g}"] = {r["claim_id"]: {"size": r["size"], "null_support": r["null_support"]}
                            for r in frame.to_dict("records")}
     return out
-
-
-def latent_correlation(phi: float, p: float) -> float:
-    """The latent (Gaussian copula) correlation rho whose hits at rate p correlate phi (hit_correlation's
-    inverse, by bisection)."""
-    low, high = -0.999, 0.999
-    for _ in range(50):
-        middle = (low + high) / 2
-        low, high = (middle, high) if hit_correlation(p, middle) < phi else (low, middle)
-    return (low + high) / 2
-
-
-def outcome_correlation(evals: Path) -> dict:
-    """The correlation between runs' per-query outcomes on one test set, from evaluation records (and the
-    commits that wrote them) (results/evals/<run>/<benchmark>.json, their best epoch's per-query ranks):
-    for every pair of runs on a test set and direction, the correlation phi of their R@1 hits (rank 0),
-    turned into the Gaussian copula's rho at the pair's mean hit rate (`latent_correlation`); the median
-    over all pairs, and per test set and direction."""
-    by_test_set: dict[str, dict[str, np.ndarray]] = {}
-    commits: set[str] = set()
-    for record_path in sorted(evals.glob("*/*.json")):
-        record = read_json(record_path)
-        commits.add(str(record.get("provenance", {}).get("git", {}).get("commit")))
-        for direction, ranks in (record.get("best", {}).get("metrics", {}).get("ranks") or {}).items():
-            key = f"{record_path.stem}/{direction}"
-            by_test_set.setdefault(key, {})[record_path.parent.name] = np.asarray(ranks) == 0
-    per_set, every = {}, []
-    for key, runs in sorted(by_test_set.items()):
-        names, values = sorted(runs), []
-        for i, a in enumerate(names):
-            for b in names[i + 1:]:
-                x, y = runs[a], runs[b]
-                if len(x) != len(y) or x.all() or y.all() or not x.any() or not y.any():
-                    continue  # a constant outcome has no correlation
-                values.append(latent_correlation(float(np.corrcoef(x, y)[0, 1]), float((x.mean() + y.mean()) / 2)))
-        if values:
-            per_set[key] = {"runs": len(names), "median": round(float(np.median(values)), 3)}
-            every += values
-    if not every:
-        raise ValueError(f"{evals}: no evaluation records with per-query ranks of two runs on one test set")
-    return {"correlation": round(float(np.median(every)), 3), "pairs": len(every), "of": "R@1 hits",
-            "by_test_set": per_set, "records_of_commits": sorted(commits)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -293,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     model = paper_model(rho)
     sd_low, sd_high = model.seed_sd_interval()
     settings = {**settings, "correlation": rho, "correlation_measured": measured_rho,
+                "correlation_source": ("fallback: no paired runs of the paper's own numbers; every contrast takes "
+                                       "the miniature's median rho over its pairs of runs (correlation_measured)"),
                 "test_sizes": paper_test_sizes(),
                 "tie": {"z": Z_TIE, "seed_sd": round(model.seed_sd, 4), "seed_source": model.seed_source,
                         "seed_sd_interval": [round(sd_low, 4), round(sd_high, 4)], "seed_pairs": model.seed_pairs}}

@@ -70,6 +70,18 @@ class Items(list):
     tolerances: list[float] | None = None
 
 
+def _items(values: list, tolerances: list | None) -> Items:
+    out = Items(values)
+    out.tolerances = tolerances if tolerances is not None and len(tolerances) == len(out) else None
+    return out
+
+
+def _column_tolerances(spec: dict, keys: list[str]) -> list | None:
+    """Each item's tie (`item_ties` of a resolved leaf, by its column's key); None where the leaf has none."""
+    ties = spec.get("item_ties")
+    return None if ties is None else [ties.get(key) for key in keys]
+
+
 def _contrast(spec: dict, source) -> list[np.ndarray]:
     """a − b (or − the best, or the `b_rank`-th best, of several b) for each pair and column the a row
     has; with `epochs: each`, one item per epoch both sides evaluated. A resolved leaf's `item_ties`
@@ -137,7 +149,7 @@ TRAJECTORY_MEASURES: dict[str, Callable[[np.ndarray], np.ndarray]] = {
 def _trajectory(spec: dict, source) -> list[np.ndarray]:
     """Per row and column, a measure of the row's values over every evaluated epoch."""
     table, measure = spec["table"], TRAJECTORY_MEASURES[spec["measure"]]
-    items, missing = [], set()
+    items, missing, keys = [], set(), []
     for row in spec["rows"]:
         for column in statistic_columns(spec["columns"]):
             epochs = _common_epochs(source, [(row, table)], column)
@@ -146,8 +158,9 @@ def _trajectory(spec: dict, source) -> list[np.ndarray]:
             draws = [_column_draws(source, table, row, column, e, missing) for e in epochs]
             if all(d is not None for d in draws):
                 items.append(measure(np.stack(aligned(*draws))))
+                keys.append(column.key)
     _raise_if_missing(missing)
-    return items
+    return _items(items, _column_tolerances(spec, keys))
 
 
 def _order_preserved(spec: dict, source) -> list[np.ndarray]:
@@ -157,7 +170,7 @@ def _order_preserved(spec: dict, source) -> list[np.ndarray]:
     table, reference, replicate = spec["table"], spec["reference"], spec["replicate"]
     if len(reference) != len(replicate):
         raise ValueError("order_preserved: reference and replicate name the same number of rows")
-    items, missing = [], set()
+    items, missing, keys = [], set(), []
     for column in statistic_columns(spec["columns"]):
         draws = [_column_draws(source, table, row, column, spec.get("selection"), missing)
                  for row in [*reference, *replicate]]
@@ -170,8 +183,9 @@ def _order_preserved(spec: dict, source) -> list[np.ndarray]:
             estimates = (ref[i] - ref[j]).reshape(blocks, -1)[:, :1]  # each block's estimate sets its order
             sign = np.broadcast_to(np.where(estimates >= 0, 1.0, -1.0), (blocks, len(ref[i]) // blocks)).ravel()
             items.append(np.minimum(sign * (ref[i] - ref[j]), sign * (rep[i] - rep[j])))
+            keys.append(column.key)
     _raise_if_missing(missing)
-    return items
+    return _items(items, _column_tolerances(spec, keys))
 
 
 def _caption_geometry(spec: dict, source) -> list[np.ndarray]:
@@ -226,20 +240,35 @@ STATISTIC_KINDS: dict[str, Callable[[dict, object], list[np.ndarray]]] = {
     "paired_timing": _paired_timing, "trajectory": _trajectory, "order_preserved": _order_preserved}
 
 
+COUNT_REDUCERS = ("count_positive", "count_nonnegative")
+OWN_TIE_REDUCERS = ("min", "max", "second_smallest")  # an item decides: it is judged against its own tie
+
+
+def _tolerances_of(items: list) -> list | None:
+    ties = getattr(items, "tolerances", None)
+    return None if ties is None or any(t is None for t in ties) else list(ties)
+
+
 def statistic_items(statistic: dict, source) -> list[np.ndarray]:
-    """A statistic's items (reduced to one when it names a `reduce`)."""
+    """A statistic's items (reduced to one when it names a `reduce`), each with its own tie where its leaves
+    carry them (a difference's item: the larger of its two items' ties)."""
     if "difference" in statistic:
         first, second = (statistic_items(s, source) for s in statistic["difference"])
         if len(first) != len(second) and 1 not in (len(first), len(second)):
             raise ValueError(f"difference of {len(first)} and {len(second)} items")
         n = max(len(first), len(second))  # one item against several: the one is repeated
+        ties = [_tolerances_of(x) for x in (first, second)]
+        ties = None if None in ties else [max(a, b) for a, b in zip(*(t * n if len(t) == 1 else t for t in ties))]
         first, second = (x * n if len(x) == 1 else x for x in (first, second))
-        out = [np.subtract(*aligned(f, s)) for f, s in zip(first, second)]
+        out = _items([np.subtract(*aligned(f, s)) for f, s in zip(first, second)], ties)
     elif "concat" in statistic:
-        out = [item for s in statistic["concat"] for item in statistic_items(s, source)]
+        parts = [statistic_items(s, source) for s in statistic["concat"]]
+        ties = [_tolerances_of(p) for p in parts]
+        out = _items([item for p in parts for item in p], None if None in ties else [t for p in ties for t in p])
     else:
         (kind,) = [k for k in STATISTIC_KINDS if k in statistic]
         out = STATISTIC_KINDS[kind](statistic[kind], source)
+    out = _against_own_ties(statistic, out)
     reduce = statistic.get("reduce")
     if reduce is None:
         return out
@@ -248,9 +277,23 @@ def statistic_items(statistic: dict, source) -> list[np.ndarray]:
             raise ValueError(f"`reduce: value` needs one item, got {len(out)}")
         return out
     tolerance = float(statistic.get("tolerance", 0.0))
-    if getattr(out, "tolerances", None) is not None and "tolerance" in statistic:
-        tolerance = np.asarray(out.tolerances, dtype=float)[:, None]  # each item's own tie
+    own = _tolerances_of(out)
+    if own is not None and "tolerance" in statistic and reduce in COUNT_REDUCERS:
+        tolerance = np.asarray(own, dtype=float)[:, None]  # each item's own tie
     return [REDUCERS[reduce](np.stack(aligned(*out)), tolerance)]
+
+
+def _against_own_ties(statistic: dict, items: list) -> list:
+    """A decision at the claim's tie (`-tie`, `tie`; hnclip.claims.tie.resolved marks it `item_tie_sign`) on a
+    minimum or maximum (OWN_TIE_REDUCERS: one item decides) judged item by item against each item's own tie:
+    every item moved by sign × (its tie − the claim's tie), so that item i against −tie (or +tie) is item i
+    against its own. An item of the claim's largest tie is unchanged;
+    one of a smaller tie (a larger test set, an averaged column) must clear its own, smaller tie."""
+    sign, own = statistic.get("item_tie_sign"), _tolerances_of(items)
+    if not sign or own is None or "tolerance" not in statistic or statistic.get("reduce") not in OWN_TIE_REDUCERS:
+        return items
+    claim_tie = float(statistic["tolerance"])
+    return _items([item + sign * (tie - claim_tie) for item, tie in zip(items, own)], own)
 
 
 def statistic_draws(statistic: dict, source) -> np.ndarray:

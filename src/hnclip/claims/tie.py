@@ -16,9 +16,11 @@ between-seed term is one seed effect per run, shared by all its cells (a column'
 n is each cell's own test set. rho is measured on this project's runs (specificity.json's settings);
 seed_sd comes from a table of seed replicates (Table A8): this profile's own where built, else the paper's.
 
-Ties are per item: a contrast's items each get the tie of their own column (`column_ties`, written into the
-leaf as `item_ties` and applied by the count reducers item by item); a claim's one `tie` (its thresholds,
-the scorecard's tolerance column) is the largest of its columns' ties. One Z_TIE for every claim.
+Ties are per item: the items of a contrast, trajectory or order check each get the tie of their own column
+(`column_ties`, written into the leaf as `item_ties`): the count reducers count each item against its own
+tie, and a decision at the claim's tie (`> -tie`, `<= tie`: `item_tie_sign`) judges each item against its
+own (hnclip.claims.statistics); a claim's one `tie` (its other thresholds, the scorecard's tolerance column)
+is the largest of its columns' ties. One Z_TIE for every claim.
 
 A claim of closeness (|Δ| at most some amount, a value within reach of a magnitude the paper states) is
 judged against an equivalence band of `2 * tie` (`threshold: 2 * tie`, `6.8 - 2 * tie`): a 95 % interval of
@@ -33,8 +35,8 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from statistics import NormalDist
 
+from hnclip.claims.correlation import hit_correlation, test_set_correlations
 from hnclip.claims.definitions import SPECIFICITY_FILE, row_of, statistic_leaves
 from hnclip.claims.evidence import paper_cells
 from hnclip.claims.statistics import statistic_columns
@@ -61,6 +63,19 @@ class TieModel:
     seed_source: str
     read: tuple[str, ...] = ()    # the files the sizes and the seed SD came from (lineage)
     seed_pairs: int = 0           # the seed pairs seed_sd comes from: its uncertainty (0: taken as exact)
+    # ("benchmark/direction", rho) measured from this profile's paired per-query hits; `correlation` (the
+    # documented fallback) elsewhere
+    measured: tuple[tuple[str, float], ...] = ()
+
+    def correlation_of(self, benchmark: str, direction: str | None = None) -> tuple[float, str]:
+        """(rho, "measured" or "fallback") of a contrast's cell on a test set and direction."""
+        rho = dict(self.measured).get(f"{benchmark}/{direction}")
+        return (rho, "measured") if rho is not None else (self.correlation, "fallback")
+
+    def correlations(self, spec: dict) -> dict[str, dict]:
+        """"benchmark/direction" -> {rho, source} of every cell a leaf compares (what each contrast used)."""
+        return {f"{part[0]}/{part[1]}": dict(zip(("rho", "source"), self.correlation_of(part[0], part[1])))
+                for column in statistic_columns(spec["columns"]) for part in column.parts}
 
     def seed_sd_interval(self, confidence: float = 0.95) -> tuple[float, float]:
         """The chi-square interval of the seed SD from `seed_pairs` pairs (each pair's difference / √2 one
@@ -71,19 +86,25 @@ class TieModel:
                                                                                          (1 - confidence) / 2)
         return self.seed_sd * math.sqrt(self.seed_pairs / low), self.seed_sd * math.sqrt(self.seed_pairs / high)
 
-    def query_variance(self, n: int, p: float = QUERY_P) -> float:
-        """Variance (R@1 points²) of the paired difference of two runs' hit rates on n queries at hit rate p."""
-        return 100.0 ** 2 * paired_hit_variance(p, self.correlation) / n
+    def query_variance(self, n: int, p: float = QUERY_P, rho: float | None = None) -> float:
+        """Variance (R@1 points²) of the paired difference of two runs' hit rates on n queries at hit rate p
+        (latent correlation rho; default the model's)."""
+        return 100.0 ** 2 * paired_hit_variance(p, self.correlation if rho is None else rho) / n
 
     def standard_error(self, n: int, p: float = QUERY_P) -> float:
         """SE (R@1 points) of a paired contrast of two single-seed runs on one cell of n queries at hit rate p."""
         return math.sqrt(self.query_variance(n, p) + 2 * self.seed_sd ** 2)
 
-    def column_standard_error(self, cells: list[tuple[str, float]]) -> float:
-        """SE of a paired contrast on a column, the mean of `cells` ((benchmark, p) each, on its own test
-        set, independent query sets); the seed term is the run's, shared by the column's cells."""
+    def column_standard_error(self, cells: list[tuple]) -> float:
+        """SE of a paired contrast on a column, the mean of `cells` ((benchmark, p) or (benchmark, p,
+        direction) each, on its own test set, independent query sets; a cell's rho is its test set and
+        direction's where measured); the seed term is the run's, shared by the column's cells."""
         k = len(cells)
-        query = sum(self.query_variance(self._size(b), p) for b, p in cells) / k ** 2
+        query = 0.0
+        for benchmark, p, *direction in cells:
+            rho, _ = self.correlation_of(benchmark, direction[0] if direction else None)
+            query += self.query_variance(self._size(benchmark), p, rho)
+        query /= k ** 2
         return math.sqrt(query + 2 * self.seed_sd ** 2)
 
     def _size(self, benchmark: str) -> int:
@@ -94,7 +115,7 @@ class TieModel:
     def column_ties(self, spec: dict, z: float = Z_TIE) -> dict[str, float]:
         """A contrast leaf's tie per column (its key), each from its own cells' test sets and hit rates."""
         return {column.key: z * self.column_standard_error(
-                    [(part[0], leaf_hit_rate(spec, part)) for part in column.parts])
+                    [(part[0], leaf_hit_rate(spec, part), part[1]) for part in column.parts])
                 for column in statistic_columns(spec["columns"])}
 
     def tie(self, claim: dict, z: float = Z_TIE) -> float:
@@ -108,27 +129,15 @@ class TieModel:
         return max(ties)
 
     def describe(self) -> str:
-        return (f"tie = {Z_TIE:g} × SE of a paired single-seed contrast (ρ {self.correlation:.3f}, seed SD "
+        rho = (f"ρ measured from paired per-query hits on {', '.join(f'{k} {v:.3f}' for k, v in self.measured)}, "
+               f"elsewhere the fallback {self.correlation:.3f}" if self.measured else f"ρ {self.correlation:.3f}")
+        return (f"tie = {Z_TIE:g} × SE of a paired single-seed contrast ({rho}, seed SD "
                 f"{self.seed_sd:.2f} R@1 from {self.seed_source})")
 
 
 def paired_hit_variance(p: float, rho: float) -> float:
     """Var(X − Y) of two Bernoulli(p) hits whose latent Gaussian outcomes correlate rho: 2 p(1 − p)(1 − phi)."""
     return 2 * p * (1 - p) * (1 - hit_correlation(p, rho))
-
-
-def hit_correlation(p: float, rho: float) -> float:
-    """phi, the correlation of two Bernoulli(p) hits that are {Z_1 < h}, {Z_2 < h} for standard normals of
-    correlation rho (h = Φ⁻¹(p)): (P(both) − p²) / (p(1 − p)), with P(both) − p² by Plackett's identity
-    ∫_0^rho exp(−h²/(1 + r)) / (2π sqrt(1 − r²)) dr (midpoint rule after r = sin θ, smooth up to rho = 1)."""
-    if not 0 < p < 1:
-        return 1.0
-    h = NormalDist().inv_cdf(p)
-    steps = 2000
-    top = math.asin(max(-1.0, min(1.0, rho)))
-    width = top / steps
-    covariance = sum(math.exp(-h * h / (1 + math.sin((i + 0.5) * width))) for i in range(steps)) * width / (2 * math.pi)
-    return covariance / (p * (1 - p))
 
 
 def leaf_hit_rate(spec: dict, part: tuple[str, str, str]) -> float:
@@ -161,6 +170,17 @@ def _chi2_quantile(df: int, q: float, draws: int = 200_000) -> float:
     """A chi-square quantile (df degrees of freedom), by simulation with a fixed seed (no scipy here)."""
     import numpy as np
     return float(np.quantile(np.random.default_rng(0).chisquare(df, draws), q))
+
+
+def claim_correlations(claim: dict, model: TieModel) -> dict[str, dict]:
+    """"benchmark/direction" -> {rho, source} of every cell the claim's leaves compare: the rho its tie used,
+    measured from paired per-query hits or the fallback."""
+    out = {}
+    for leaf in statistic_leaves(claim["statistic"]):
+        for spec in leaf.values():
+            if isinstance(spec, dict) and "columns" in spec:
+                out.update(model.correlations(spec))
+    return dict(sorted(out.items()))
 
 
 def claim_benchmarks(claim: dict) -> set[str]:
@@ -200,16 +220,40 @@ def resolved(claim: dict, model: TieModel, z: float = Z_TIE) -> dict:
     out = with_tie(claim, model.tie(claim, z) if uses_tie(claim) else None)
     if out["tie"] is not None:
         _put_item_ties(out["statistic"], claim["statistic"], model, z)
+        sign = item_tie_sign(claim)
+        if sign and claim["statistic"].get("tolerance") == "tie":
+            out["statistic"]["item_tie_sign"] = sign
     return out
 
 
-def _put_item_ties(statistic: dict, symbolic: dict, model: TieModel, z: float) -> None:
-    """Each contrast leaf directly under a statistic whose `tolerance` is `tie` gets its ties per column."""
+TIED_LEAVES = ("contrast", "trajectory", "order_preserved")   # leaves whose items are columns of R@1 cells
+
+
+def item_tie_sign(claim: dict) -> int | None:
+    """+1 where every decision is "above −tie" (`> -tie`, `>= -tie`), −1 where "below tie" (`< tie`, `<= tie`):
+    a decision at the claim's tie, which hnclip.claims.statistics then judges item by item against each item's
+    own tie; None for any other decision (a count, a magnitude ± tie, a band)."""
+    signs = set()
+    for key in ("decision", "real_data_decision"):
+        decision = claim.get(key)
+        if decision is None:
+            continue
+        threshold = str(decision.get("threshold", "")).replace(" ", "")
+        signs.add(+1 if decision["op"] in (">", ">=") and threshold == "-tie" else
+                  -1 if decision["op"] in ("<", "<=") and threshold == "tie" else None)
+    return signs.pop() if len(signs) == 1 else None
+
+
+def _put_item_ties(statistic: dict, symbolic: dict, model: TieModel, z: float, inherited: bool = False) -> None:
+    """Each leaf of R@1 columns (TIED_LEAVES) under a statistic whose `tolerance` is `tie` (directly, or within
+    its `difference` / `concat`) gets its ties per column."""
+    tied = inherited or symbolic.get("tolerance") == "tie"
     for composite in ("difference", "concat"):
         for sub, sub_symbolic in zip(statistic.get(composite, []), symbolic.get(composite, [])):
-            _put_item_ties(sub, sub_symbolic, model, z)
-    if symbolic.get("tolerance") == "tie" and "contrast" in statistic:
-        statistic["contrast"]["item_ties"] = model.column_ties(statistic["contrast"], z)
+            _put_item_ties(sub, sub_symbolic, model, z, tied)
+    for kind in TIED_LEAVES:
+        if tied and kind in statistic:
+            statistic[kind]["item_ties"] = model.column_ties(statistic[kind], z)
 
 
 def with_tie(claim: dict, tie: float | None) -> dict:
@@ -313,4 +357,9 @@ def profile_model(reg, correlation: float | None = None) -> TieModel:
     measured = table_seed_sd(own) if SEED_TABLE in reg.tables and own.is_file() else None
     read += [str(own)] if measured else []
     sd, source = measured or paper_seed_sd()
-    return TieModel(sizes, measured_correlation() if correlation is None else correlation, sd, source, tuple(read))
+    # rho per test set and direction from the paired per-query hits of this profile's runs, where two hold them;
+    # the recorded one (specificity.json, the miniature's) is the fallback
+    evals = [paths.evaluation(run, bench) for run, bench in reg.evaluations()]
+    rhos = tuple(sorted(test_set_correlations(evals).items()))
+    return TieModel(sizes, measured_correlation() if correlation is None else correlation, sd, source, tuple(read),
+                    measured=rhos)

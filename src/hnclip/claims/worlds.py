@@ -139,7 +139,8 @@ class TimingWorld:
     ratio: float
 
 
-PROBES = "not a comparison of retrieval cells or a paired timing (gradient probes, caption statistics)"
+PROBES = ("not a comparison of retrieval cells or a paired timing (gradient probes, caption statistics: their "
+          "worlds are hnclip.claims.probe_worlds')")
 
 
 def closeness_worlds(claim: dict, kind: str) -> list[World] | str:
