@@ -1,6 +1,7 @@
 """GOAL's LISM segment extraction, seconds per image by part: today's path against the new one.
 
     .venv/bin/python benchmarks/auxiliary_throughput.py [--device cpu|cuda] [--repeats 2] [--kept-masks 60]
+        [--sizes docci:3,vg:3,dci:1]   (sizes in order, each with its own repeats if given)
 
 Runs the real segments code (hnclip.auxiliary.segments / sam_masks / lism) with SAM ViT-H's and
 CLIP ViT-L/14-336's real architectures (transformers SamConfig / CLIPConfig of facebook/sam-vit-huge
@@ -19,7 +20,11 @@ per image (derived under that assumption; the half-below-1 % share is assumed).
 Paths (alternated within each repeat, on the same images):
   today: transformers' mask-generation pipeline (fp32, prompts in batches of 128), segments_of on
          the host masks, CLIPProcessor on PIL crops, a PNG per matched crop;
-  new:   DirectSamSegmenter (same masks), boxes only, the processor's tensor path on the device.
+  new:   DirectSamSegmenter (same masks; mask statistics from the low-res logits, no mask upsampled),
+         boxes only, the processor's tensor path on the device.
+Each row also holds the 1-minute load average before and after each image (`load_avg_1min_each`: a
+shared machine's pairs are comparable only side by side) and whether the new path's segments (mask
+index, area, box) equal today's on each image (`same_segments_as_today`).
 Parts: decode (JPEG to RGB), image_encoder, prompt_decoding (the model's forward over the prompts,
 hook excluded), mask_postprocess (the rest of the segmenter plus the area filter), match_preprocess
 (crop, resize, normalise, tokenise, similarities), match_encode (CLIP forwards), write (PNGs).
@@ -167,6 +172,7 @@ def one_image(path_kind: str, segmenter, encoders, image_file: Path, clock: Cloc
     parts.pop("plant_hook", None)
     parts.setdefault("write", 0.0)
     return {"parts_s": parts, "kept_masks": n_masks, "segments_kept": len(segments),
+            "segments": [(s.mask_index, s.area_fraction, s.bbox) for s in segments],
             "matches": len(rows[0]["matches"]), "no_segment": rows[0]["no_segment"]}
 
 
@@ -175,7 +181,8 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--kept-masks", type=int, default=60)
-    parser.add_argument("--sizes", default="docci,vg,dci")
+    parser.add_argument("--sizes", default="docci,vg,dci",
+                        help="sizes in order, each optionally with its own repeats: docci:3,vg:3,dci:1")
     parser.add_argument("--models", default=os.environ.get("HNCLIP_BENCH_MODELS",
                                                            str(Path(tempfile.gettempdir()) / "hnclip-bench-models")))
     parser.add_argument("--threads", type=int, default=2)
@@ -233,20 +240,24 @@ def main() -> None:
                             text=True).stdout.strip()
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({args.threads} threads)"
     work = Path(tempfile.mkdtemp(prefix="hnclip-bench-"))
-    for size_name in args.sizes.split(","):
+    for size_spec in args.sizes.split(","):
+        size_name, _, repeats = size_spec.partition(":")
         size = SIZES[size_name]
         runs: dict[str, list[dict]] = {"today": [], "new": []}
-        for repeat in range(args.repeats):
+        for repeat in range(int(repeats or args.repeats)):
             image_file = write_jpeg(work / f"{size_name}-{repeat}.jpg", size, seed=repeat)
             order = ("today", "new") if repeat % 2 == 0 else ("new", "today")
             for kind in order:
                 handle = plant_masks(sam, args.kept_masks, size, seed=repeat,
                                      on_time=lambda seconds: clock.add("plant_hook", seconds))
                 segmenter = pipe if kind == "today" else direct
+                load_before = os.getloadavg()[0]   # the machine may be shared: the pairs' load, side by side
                 result = one_image(kind, segmenter, encoders, image_file, clock, work / kind)
+                result["load_avg_1min"] = [load_before, os.getloadavg()[0]]
                 handle.remove()
                 runs[kind].append(result)
-                print(size_name, kind, repeat, json.dumps(result), flush=True)
+                print(size_name, kind, repeat, json.dumps({k: v for k, v in result.items() if k != "segments"}),
+                      flush=True)
         for kind, results in runs.items():
             parts = {p: float(np.mean([r["parts_s"][p] for r in results])) for p in results[0]["parts_s"]}
             record = {"benchmark": "auxiliary_throughput", "path": kind, "dataset_size": size_name,
@@ -256,6 +267,9 @@ def main() -> None:
                       "s_per_image_each": [sum(r["parts_s"].values()) for r in results], "repeats": len(results),
                       "kept_masks": results[0]["kept_masks"], "kept_masks_target": args.kept_masks,
                       "kept_masks_source": KEPT_SOURCE, "segments_kept": results[0]["segments_kept"],
+                      "load_avg_1min_each": [r["load_avg_1min"] for r in results],
+                      "same_segments_as_today": None if kind == "today" else [
+                          r["segments"] == t["segments"] for r, t in zip(results, runs["today"], strict=True)],
                       "prompt_batch": 128, "precision": "fp32",
                       "estimated_parts": ["image_encoder", "prompt_decoding", "match_encode"] if cpu else [],
                       "decode_overlapped_in_pipeline": kind == "new",

@@ -43,6 +43,37 @@ def test_direct_sam_gives_the_pipelines_masks_in_its_order(tiny_sam, size):
         hook.remove()
 
 
+@pytest.mark.parametrize("original", [(64, 96), (90, 50)])   # up- and downsampled, odd ratios
+def test_mask_statistics_from_low_res_logits_equal_those_of_the_upsampled_masks(original, monkeypatch):
+    """Counts above 1, -1, 0 and the box of > 0, from the outline pixels only, equal the upsampled masks'
+    (post_process_masks' chain); masks with a logit on a threshold or a NaN take the full path."""
+    from torch.nn import functional as F
+
+    from hnclip.auxiliary import sam_masks
+    from hnclip.auxiliary.sam_masks import _geometry, _threshold_statistics, _upsampled_statistics
+    monkeypatch.setattr(sam_masks, "BAND_SHARE_LIMIT", 1.0)   # at this tiny size every mask is mostly outline
+    upsampled = []
+    monkeypatch.setattr(sam_masks, "_upsampled_statistics", lambda logits, geometry: upsampled.append(len(logits))
+                        or _upsampled_statistics(logits, geometry))
+    generator = torch.Generator().manual_seed(sum(original))
+    coarse = torch.randn(24, 1, 8, 8, generator=generator) * 40   # SAM-like: steep outlines
+    logits = F.interpolate(coarse, (32, 32), mode="bilinear", align_corners=False)[:, 0]
+    logits[0] = 0.0                                  # no pixel above any threshold but -1
+    logits[1, 10:20, 5:25] = 1.0                     # pixels exactly on a threshold: upsampled
+    logits[2, 3, 4] = float("nan")
+    logits[3] += torch.randn(32, 32, generator=generator)   # noisy
+    logits[4] = -30.0
+    logits[4, 12:14, 12:13] = 30.0                  # a tiny mask
+    reshaped = [round(128 * side / max(original)) for side in original]     # SAM's resize to 128, then padded
+    geometry = _geometry((32, 32), (128, 128), reshaped, list(original), "cpu")
+    counts, boxes = _threshold_statistics(logits, geometry)
+    expected_counts, expected_boxes = _upsampled_statistics(logits, geometry)
+    assert torch.equal(counts, expected_counts) and torch.equal(boxes, expected_boxes)
+    assert upsampled == [2]                          # the mask on a threshold and the one with a NaN
+    assert counts[0].tolist() == [0, original[0] * original[1], 0] and boxes[0].tolist() == [0, 0, 0, 0]
+    assert 0 < counts[4, 2] < 100 and (counts[:, 0] <= counts[:, 2]).all() and (counts[:, 2] <= counts[:, 1]).all()
+
+
 def test_direct_sam_halves_its_prompt_batch_on_out_of_memory(tiny_sam, caplog):
     direct = DirectSamSegmenter(tiny_sam, points_per_side=6, points_per_batch=36)
     hook = plant_masks(direct.sam, 6, (64, 64), seed=2, points_per_side=6)
