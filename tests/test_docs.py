@@ -886,7 +886,7 @@ def readme_benchmark_numbers() -> list[tuple[str, str]]:
          f"{round(sum(command1['gemm_gflops_1thread'].values()) / 2, -1):.0f}"),
         (r"GFLOPS\), (\d\.\d\d)× the least time", f"{costs['cold_s'] / costs['compute_bound_s']:.2f}"),
         (r"pretraining \((\d+) min here\)", f"{costs['pretrain_s'] / 60:.0f}"),
-        (r"a (\d+)-minute timing job", f"{costs['step_timing_s'] / 60:.0f}"),
+        (r"an? (\d+)-minute timing job", f"{costs['step_timing_s'] / 60:.0f}"),
         (r"about (\d+) min of one-thread jobs", f"{jobs_min:.0f}"),
         (r"about (\d+\.\d) \+ \d+ / \*cores\* minutes", f"{first_min:.1f}"),
         (r"1 core,\s+derived rather than measured: about (\d\.\d) h", f"{(first_min + jobs_min) / 60:.1f}"),
