@@ -146,6 +146,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--max-quiet-loss", type=float, default=0.10)
     parser.add_argument("--scratch", type=Path, default=Path("/tmp/pretrain_wait_policy"))
+    parser.add_argument("--gemm-seconds", type=float, default=2.0,
+                        help="how long the machine's GEMM speed is measured, before and after")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -170,14 +172,14 @@ def main(argv: list[str] | None = None) -> dict:
                 "batch_size": params["backbones"][name]["pretrain"]["batch_size"]}
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     machine = {"cpus": os.cpu_count(), "threads": args.threads, "load_average_1min": os.getloadavg()[0],
-               "gemm_gflops_1thread": gemm_gflops()}
+               "gemm_gflops_1thread": gemm_gflops(args.gemm_seconds)}
     conditions = []
     for repeat in range(args.repeats):
         for load in LOADS:
             for policy in policies:
                 conditions.append({"repeat": repeat, **measure(policy, load, args.steps, args.threads, args.scratch)})
                 print(json.dumps(conditions[-1]), file=sys.stderr)
-    machine["gemm_gflops_1thread_after"] = gemm_gflops()
+    machine["gemm_gflops_1thread_after"] = gemm_gflops(args.gemm_seconds)
     machine["load_average_1min_after"] = os.getloadavg()[0]
     record = {"benchmark": "pretrain_wait_policy", "timestamp": started, "git": git_state(ROOT),
               "libraries": library_versions(), "steps": args.steps, "repeats": args.repeats, "backbone": backbone,

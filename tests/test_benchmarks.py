@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import signal
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -26,6 +28,17 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: tiny shapes, 
 
 ENVIRONMENT = {"device", "device_name", "threads", "libraries", "git", "timestamp"}
 
+
+@pytest.fixture(autouse=True)
+def short_machine_speed_probe(monkeypatch):
+    """The benchmarks' machine-speed probe runs GEMMs for 2 s per call; here 0.05 s: these tests check that
+    the speed is recorded, not what it is, and the suite's other worker shares the cores meanwhile."""
+    probe = command1_costs.gemm_gflops
+
+    def short(seconds: float = 2.0) -> float:
+        return probe(min(seconds, 0.05))
+    monkeypatch.setattr(command1_costs, "gemm_gflops", short)
+    monkeypatch.setattr(import_times, "gemm_gflops", short)
 
 
 def read_lines(path: Path) -> list[dict]:
@@ -280,12 +293,23 @@ def test_pretrain_wait_policy_choice_keeps_quiet_speed_and_prefers_speed_under_l
     assert wait_policy.choose(conditions, 0.05)["chosen"] == "ACTIVE"
 
 
-def test_pretrain_wait_policy_records_each_condition_and_the_machine(tmp_path):
+def test_pretrain_wait_policy_records_each_condition_and_the_machine(tmp_path, monkeypatch):
     """A tiny run: one optimizer step of the adopted backbone per condition, each in its own process (one
-    policy, the OpenMP runtime's default, to keep it short)."""
+    policy, the OpenMP runtime's default, to keep it short). The busy condition's competing process sleeps
+    instead of spinning: what is checked is that it is started and stopped around the condition, and a
+    spinning one would take a core from the tests running beside this one."""
     wait_policy = importlib.import_module("pretrain_wait_policy")
+    sleeper = "import time\ntime.sleep(600)"
+    monkeypatch.setattr(wait_policy, "BUSY_LOOP", sleeper)
+    started = []
+
+    class RecordedPopen(subprocess.Popen):
+        def __init__(self, args, *rest, **kwargs):
+            super().__init__(args, *rest, **kwargs)
+            started.append(self)
+    monkeypatch.setattr(wait_policy.subprocess, "Popen", RecordedPopen)
     out = tmp_path / "wait_policy.jsonl"
-    record = wait_policy.main(["--steps", "1", "--threads", "1", "--policies", "unset",
+    record = wait_policy.main(["--steps", "1", "--threads", "1", "--policies", "unset", "--gemm-seconds", "0.2",
                                "--scratch", str(tmp_path / "scratch"), "--out", str(out)])
     assert read_lines(out) == [json.loads(json.dumps(record))]
     assert record["benchmark"] == "pretrain_wait_policy" and "commit" in record["git"]
@@ -298,6 +322,8 @@ def test_pretrain_wait_policy_records_each_condition_and_the_machine(tmp_path):
         assert condition["job_wall_s"] >= condition["train_s"]
         assert condition["omp_wait_policy"] is None  # unset in the condition's process, whatever the caller's
     assert record["chosen"] == "unset"
+    competing = [proc for proc in started if sleeper in proc.args]
+    assert len(competing) == 1 and competing[0].returncode == -signal.SIGKILL  # killed when its condition ended
     assert record["s_per_step"]["busy"]["unset"] == record["conditions"][1]["s_per_step"]
     with pytest.raises(SystemExit):
         wait_policy.main(["--policies", "SPIN", "--out", str(out)])
