@@ -13,7 +13,7 @@ import shutil
 import pandas as pd
 import pytest
 import yaml
-from helpers.micro_project import ROOT, VENV_BIN, micro_params, run
+from helpers.micro_project import MICRO_TABLE1_ROWS, ROOT, VENV_BIN, micro_params, run
 
 from hnclip.commands.metrics import table_mean_r1
 from hnclip.config.cells import AVG
@@ -25,7 +25,6 @@ DRY_RUN_CORES = 64  # more than any rule's threads
 SNAKEMAKE = ".venv/bin/snakemake --workflow-profile workflow/profiles/default"
 NEW_GAMMAS = [0.0, 0.25]  # what `dvc exp run` sets Table 3a's gammas to
 HEADLINE_ROWS = {"tok=1,hn=1": "hn_clip", "tok=0,hn=0": "longclip_ft"}  # Table 3b's rows of the two methods
-TABLE1_ROWS = ("longclip_zeroshot", "hn_clip")  # Table 1's rows built here
 
 
 def job_counts(snakemake_output: str) -> dict:
@@ -40,12 +39,8 @@ def md5(path) -> str:
 
 def workflow_params() -> dict:
     """The micro params, plus Table 3b's two headline rows on DOCCI (Long-CLIP FT and HN-CLIP, which is
-    Table 3a's gamma=0.5 run) and their convergence figure: what DVC's metrics and plots show. Table 1 keeps
-    its zero-shot and HN-CLIP rows: the machinery baselines (their trainings and auxiliary-input jobs) train
-    through the same rules in the paper rehearsal (test_paper_rehearsal), and add minutes here, not coverage."""
+    Table 3a's gamma=0.5 run) and their convergence figure: what DVC's metrics and plots show."""
     params = micro_params()
-    params["tables"]["table1"]["rows"] = [row for row in params["tables"]["table1"]["rows"]
-                                          if row["key"] in TABLE1_ROWS]
     full = yaml.safe_load((ROOT / "params.yaml").read_text())
     table3b = full["tables"]["table3b"]
     params["tables"]["table3b"] = {**table3b, "benchmarks": ["docci"],
@@ -103,7 +98,7 @@ def test_dvc_repro_builds_table_figure_and_stats(project):
     md = (proj / "results/tables/table3a.md").read_text()
     assert "different scale" in md and "| γ = 0.5 |" in md
     table1 = pd.read_csv(proj / "results/tables/table1.csv")
-    assert set(table1["row"]) == set(TABLE1_ROWS)
+    assert set(table1["row"]) == set(MICRO_TABLE1_ROWS)
     assert (table1["status"] == "ok").all() and table1["ours_mean"].notna().all()
     assert table1[table1["row"] == "hn_clip"]["paper"].notna().all()
     lock = yaml.safe_load((proj / "dvc.lock").read_text())
