@@ -39,8 +39,8 @@ HANDSHAKE_TIMEOUT_S = 5.0
 IMPORT_ENV_PREFIXES = ("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "TORCH", "PYTORCH", "CUDA", "NVIDIA",
                        "ASCEND", "PYTHON", "LD_", "MALLOC", "MPL", "HF_", "HUGGINGFACE", "XDG_", "HOME")
 # Imported once by the server; each is optional (a missing one is imported by the child as usual).
-# What jobs import, so that no job imports it again: pyplot (figures, metrics' convergence rows: 0.2-0.4 s a
-# job), TensorBoard's writer (every training run's curves: 0.08 s), the segmenter (auxiliary jobs: 0.18 s).
+# What jobs import, so that no job imports it again: pyplot (figures, metrics' convergence rows), TensorBoard's
+# writer (every training run's curves), the segmenter (auxiliary jobs).
 PRELOAD = ("numpy", "PIL.Image", "yaml", "torch", "open_clip", "pandas", "matplotlib", "matplotlib.pyplot",
            "torch.utils.tensorboard", "hnclip.cli", "hnclip.commands.train", "hnclip.commands.evaluate",
            "hnclip.commands.stats", "hnclip.commands.auxiliary", "hnclip.auxiliary.segments",
