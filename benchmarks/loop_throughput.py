@@ -1,7 +1,7 @@
 """The whole training loop's images/s (feeding, optimizer steps, per-epoch evaluation, checkpoints) against
 the optimizer steps alone, on the CPU, and how many images each epoch decodes.
 
-    python benchmarks/loop_throughput.py [--train 256] [--test 128] [--epochs 2] [--workers 2]
+    python benchmarks/loop_throughput.py [--train 256] [--test 128] [--epochs 2] [--workers 2] [--repeats 0]
 
 Data: --train and --test photographic-like JPEGs of 1,500 x 1,000 (DOCCI's and DCI's size;
 `data_loading.photo_like`), preprocessed at 224 px as Long-CLIP-L's (open_clip's eval transform). Model: a
@@ -13,8 +13,12 @@ Runs, each a real `hnclip.training.loop.train`:
   then trained with execution.image_cache on;
 * `decode`: the same run decoding JPEGs (the LRU of decoded images, each worker its own);
 * `step_only`: the same run's optimizer steps on micro-batches prepared beforehand (no feeding, no
-  evaluation, no checkpoint), timed over one epoch after one warm-up step, before the loops and after
-  them (the ratios use their mean);
+  evaluation, no checkpoint), as many as the loop takes, after one warm-up step, before the loops and
+  after them (the ratios use their mean);
+* `alternated` (--repeats N): N more image-cache loops, each followed by a step-only run, so that every
+  loop is bracketed by step-only runs on either side: each loop's ratio against the mean of its bracket,
+  and their median. Step-only rates drift by a third within one process on a shared VM; a 10 % criterion
+  needs the pairs, not one of each;
 * `feed_only_*`: one epoch's micro-batches made on the main process alone, from the cache or by decoding:
   the feed's CPU time per image, against a step's (`cpu_share_of_a_step`), which on a machine with a
   core free per worker the loop does not wait for. On a shared machine (`load_average` above `cpus`) the
@@ -139,13 +143,13 @@ def observed():
     `checkpoint_wait`, `end_of_epoch` (evaluation, weights digest), `other` (the rest: logging, progress,
     per-epoch batching)."""
     import hnclip.training.loop as loop
-    from hnclip.data.feeding import LoadFeed
+    from hnclip.data.feeding import LoadFeed, ThreadFeed
     from hnclip.data.loader import PairDataset
     from hnclip.training.checkpoint import CheckpointWriter
     seen = {"datasets": [], "epochs": [], "loop_s": None, "phases": PhaseTimers(), "feeds_created": 0}
     phases = seen["phases"]
     real_from_manifest, real_end, real_epochs = PairDataset.from_manifest.__func__, loop.end_of_epoch, loop._epochs
-    real_feed_init = LoadFeed.__init__
+    real_feed_inits = {feed: feed.__init__ for feed in (LoadFeed, ThreadFeed)}
 
     def from_manifest(cls, *args, **kwargs):
         seen["datasets"].append(real_from_manifest(cls, *args, **kwargs))
@@ -173,7 +177,8 @@ def observed():
 
     def feed_init(self, *args, **kwargs):
         seen["feeds_created"] += 1
-        real_feed_init(self, *args, **kwargs)
+        seen["feed_kind"] = type(self).__name__
+        real_feed_inits[type(self)](self, *args, **kwargs)
 
     with contextlib.ExitStack() as stack:
         patch = stack.enter_context(_patching())
@@ -183,8 +188,9 @@ def observed():
         patch(loop, "group_batches", phases.wrap("feed", loop.group_batches))
         patch(loop, "group_backward", phases.wrap("backward", loop.group_backward))
         patch(loop, "optimizer_step", phases.wrap("optimizer_step", loop.optimizer_step))
-        patch(LoadFeed, "start", phases.wrap("feed_start", LoadFeed.start))
-        patch(LoadFeed, "__init__", feed_init)
+        for feed in (LoadFeed, ThreadFeed):
+            patch(feed, "start", phases.wrap("feed_start", feed.start))
+            patch(feed, "__init__", feed_init)
         patch(CheckpointWriter, "save", phases.wrap("checkpoint_save", CheckpointWriter.save, "checkpoint"))
         patch(CheckpointWriter, "wait", phases.wrap("checkpoint_wait", CheckpointWriter.wait, "checkpoint"))
         yield seen
@@ -221,7 +227,7 @@ def loop_run(job) -> dict:
     steps = phases.calls.get("optimizer_step", 0)
     return {"images": images, "loop_s": round(wall, 2),
             # where the loop's wall time goes (one run: shares do not depend on the machine's load as rates do)
-            "phases": shares, "feeds_created": seen["feeds_created"],
+            "phases": shares, "feeds_created": seen["feeds_created"], "feed_kind": seen.get("feed_kind"),
             "feed_wait_s_each_step": [round(value, 3) for value in phases.each.get("feed", [])],
             "backward_s_per_step": round(phases.seconds.get("backward", 0.0) / max(steps, 1), 4),
             "backward_main_thread_cpu_s_per_step": round(phases.cpu.get("backward", 0.0) / max(steps, 1), 4),
@@ -240,7 +246,8 @@ def loop_run(job) -> dict:
 
 
 def step_only(job) -> dict:
-    """The run's optimizer steps on micro-batches loaded beforehand: one warm-up step, then one epoch."""
+    """The run's optimizer steps on micro-batches loaded beforehand: one warm-up step, then as many steps
+    as the loop takes (the epoch's, once per epoch of the job)."""
     import hnclip.training.loop as loop
     from hnclip.training.batching import accumulation_groups, epoch_micro_batches
     from hnclip.training.distributed import distributed_session
@@ -257,14 +264,37 @@ def step_only(job) -> dict:
             loop.optimizer_step(run, state, plan, 0, 0, groups[0])  # warm-up
             patch(loop, "group_backward", phases.wrap("backward", loop.group_backward))
             started, cpu = time.perf_counter(), time.thread_time()
-            for index, group in enumerate(groups):
-                loop.optimizer_step(run, state, plan, 0, index, group)
+            for _ in range(job.spec["recipe"]["epochs"]):
+                for index, group in enumerate(groups):
+                    loop.optimizer_step(run, state, plan, 0, index, group)
             seconds, cpu_s = time.perf_counter() - started, time.thread_time() - cpu
-    images = len(groups) * GRAD_ACCUM * MICRO_BATCH
+    steps = len(groups) * job.spec["recipe"]["epochs"]
+    images = steps * GRAD_ACCUM * MICRO_BATCH
     return {"images": images, "steps_s": round(seconds, 2), "images_per_s": round(images / seconds, 1),
-            "backward_s_per_step": round(phases.seconds["backward"] / len(groups), 4),
-            "backward_main_thread_cpu_s_per_step": round(phases.cpu["backward"] / len(groups), 4),
+            "backward_s_per_step": round(phases.seconds["backward"] / steps, 4),
+            "backward_main_thread_cpu_s_per_step": round(phases.cpu["backward"] / steps, 4),
             "main_thread_cpu_share_of_wall": round(cpu_s / seconds, 3)}
+
+
+def alternated(loop_job, steps_job, repeats: int) -> dict:
+    """`repeats` x (image-cache loop, step-only run), after a step-only run: each loop's rates against the
+    mean of the step-only runs either side of it."""
+    if repeats < 1:
+        return {}
+    steps, pairs = [step_only(steps_job)["images_per_s"]], []
+    for r in range(repeats):
+        loop = loop_run(loop_job(r))
+        steps.append(step_only(steps_job)["images_per_s"])
+        bracket = statistics.mean(steps[-2:])
+        pairs.append({"loop_images_per_s": loop["loop_images_per_s"],
+                      "loop_without_evaluation_images_per_s": loop["loop_without_evaluation_images_per_s"],
+                      "step_only_images_per_s": steps[-2:],
+                      "loop_vs_step_only": round(loop["loop_images_per_s"] / bracket, 3),
+                      "loop_without_evaluation_vs_step_only": round(
+                          loop["loop_without_evaluation_images_per_s"] / bracket, 3),
+                      "backward_s_per_step": loop["backward_s_per_step"], "cpu_s": loop["cpu_s"]})
+    return {"pairs": pairs, **{f"median_{name}": round(statistics.median(p[name] for p in pairs), 3)
+                               for name in ("loop_vs_step_only", "loop_without_evaluation_vs_step_only")}}
 
 
 def feed_only(manifests: dict, image_cache: bool) -> dict:
@@ -309,6 +339,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--checkpoint-every", type=int, default=2, help="optimizer steps between checkpoints")
     parser.add_argument("--no-decode", action="store_true", help="skip the run and feed that decode JPEGs")
+    parser.add_argument("--repeats", type=int, default=0,
+                        help="image-cache loops alternated with step-only runs after the first pair")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -334,6 +366,8 @@ def main(argv: list[str] | None = None) -> dict:
                 **({} if args.no_decode else {"decode": loop_run(make_job(
                     manifests, root / "decode", args.epochs, args.workers, False, args.checkpoint_every))}),
                 "step_only_before": steps_before, "step_only": step_only(steps_job),
+                "alternated": alternated(lambda r: make_job(manifests, root / f"cache{r}", args.epochs, args.workers,
+                                                            True, args.checkpoint_every), steps_job, args.repeats),
                 "feed_only_image_cache": feed_only(manifests, True),
                 **({} if args.no_decode else {"feed_only_decode": feed_only(manifests, False)})}
     step_rate = statistics.mean([runs["step_only_before"]["images_per_s"], runs["step_only"]["images_per_s"]])

@@ -2,14 +2,16 @@
 trains or what is measured: the same micro-batches in the same order, the same weights and recalls.
 Neither does the image cache (execution.image_cache), which decodes nothing at all. And the
 decoded-image cache is an LRU bounded in bytes (execution.image_cache_mb)."""
+import concurrent.futures
 import shutil
+import threading
 from types import SimpleNamespace
 
 import pytest
 import torch
 from helpers.training import EVALUATION, EXECUTION, SPEC, run_with_faults
 
-from hnclip.data.feeding import LoadFeed, image_batches
+from hnclip.data.feeding import LoadFeed, ThreadFeed, image_batches
 from hnclip.data.image_cache import PixelTransform, write_image_cache
 from hnclip.data.loader import ImageCache, PairDataset
 from hnclip.evaluation.retrieval import encode_images
@@ -74,23 +76,29 @@ def test_the_image_cache_trains_to_the_same_weights_and_recalls_and_decodes_noth
     assert cached["training"]["image_cache"] is True and inline["training"]["image_cache"] is False
     assert cached["training"]["images_decoded"] == {"train": 0, "eval": {"docci": 0}}
     assert inline["training"]["images_decoded"] == {"train": 48, "eval": {"docci": 24}}  # 2 epochs, 3 evaluations
+    # nothing to decode: the two workers were threads of the training process
+    assert cached["training"]["loader"] == {"workers": 2, "kind": "threads"}
+    assert inline["training"]["loader"] == {"workers": 0, "kind": None}
 
 
 class _Loads:
-    """PairDataset.batch, recording that it ran in this process (workers record in their own copies)."""
+    """PairDataset.batch, recording that it ran in this process, and in which threads (worker processes
+    record in their own copies)."""
 
     def __init__(self, data):
-        self.data, self.calls = data, []
+        self.data, self.calls, self.threads = data, [], set()
 
     def __call__(self, indices):
         self.calls.append(list(indices))
+        self.threads.add(threading.current_thread().name)
         return self.data.batch(indices)
 
 
-def _run(data, workers: int, epochs: int = 2):
+def _run(data, workers: int, epochs: int = 2, reads_memory: bool = False):
     recipe = {"micro_batch": 8, "grad_accum": 2, "epochs": epochs}
     load = _Loads(data)
-    run = SimpleNamespace(method=Method("full", load, None), device=torch.device("cpu"), recipe=recipe,
+    method = Method("full", load, None, load_reads_memory=reads_memory)
+    run = SimpleNamespace(method=method, device=torch.device("cpu"), recipe=recipe,
                           job=SimpleNamespace(spec={"seed": 7}), feed=None,
                           indices=list(range(len(data))), distributed=SimpleNamespace(local_slice=lambda ix: ix))
     if workers:
@@ -115,6 +123,59 @@ def test_the_feed_serves_each_group_from_where_the_loop_starts(tiny_data):
     groups = accumulation_groups(epoch_micro_batches(inline.indices, 8, 7, 0), 2)
     group_batches(inline, 0, 0, groups[0])
     assert inline.method.load.calls == groups[0]
+
+
+def test_loads_that_only_read_memory_are_fed_by_threads_of_this_process(tiny_data, tmp_path):
+    """The image cache's micro-batches: the same tensors, in the loop's order, loaded ahead by the feed's
+    threads (not the training thread, not worker processes)."""
+    shutil.copytree(tiny_data["train"].parent, tmp_path / "docci")
+    manifest = tmp_path / "docci" / tiny_data["train"].name
+    backbone = create("hnclip-tiny")
+    write_image_cache(manifest, PixelTransform.from_preprocess(backbone.preprocess))
+    data = PairDataset.from_manifest(manifest, backbone.preprocess, backbone.tokenizer, image_cache=True)
+    run = _run(data, workers=2, reads_memory=True)
+    assert run.feed.kind == "threads" and isinstance(run.feed.feed, ThreadFeed)
+    expected = []
+    for epoch in (0, 1):
+        groups = accumulation_groups(epoch_micro_batches(run.indices, 8, 7, epoch), 2)
+        for g, group in enumerate(groups):
+            got = group_batches(run, epoch, g, group)
+            want = [data.batch(ix) for ix in group]
+            assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(got, want, strict=True))
+            expected += group
+    run.feed.close()
+    assert run.method.load.calls == expected   # each micro-batch loaded once, in order, here
+    assert run.method.load.threads and all(name.startswith("hnclip-feed") for name in run.method.load.threads)
+    assert _run(data, workers=2).feed.kind == "processes"
+
+
+def test_a_thread_feed_starts_over_checks_the_order_and_raises_a_loads_error():
+    calls = []
+
+    def load(indices):
+        calls.append(indices)
+        if indices == [9]:
+            raise ValueError("unreadable row 9")
+        return torch.tensor(indices)
+
+    feed = ThreadFeed(load, 2, "cpu", ahead=2)
+    feed.start([[0, 1], [2], [3], [4]])
+    assert [t.tolist() for t in feed.take([[0, 1]])] == [[0, 1]]
+    concurrent.futures.wait(feed._pending)
+    assert sorted(calls) == [[0, 1], [2], [3]]   # 2 ahead of what was taken, not [4]
+    feed.start([[5], [6]])   # a new pass drops the rest of the old one
+    assert [t.tolist() for t in feed.take([[5]])] == [[5]]
+    with pytest.raises(RuntimeError, match="disagree on the order"):
+        feed.take([[7]])
+    concurrent.futures.wait(feed._pending)   # [6] loaded, not taken: dropped by the next pass
+    feed.start([[8], [9]])
+    assert feed.take([[8]])[0].tolist() == [8]
+    with pytest.raises(ValueError, match="unreadable row 9"):
+        feed.take([[9]])
+    with pytest.raises(RuntimeError, match="no more loads"):
+        feed.take([[10]])
+    feed.close()
+    assert sorted(calls) == [[0, 1], [2], [3], [5], [6], [8], [9]]
 
 
 def test_a_feed_refuses_micro_batches_out_of_its_order(tiny_data):

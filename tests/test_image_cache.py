@@ -51,6 +51,9 @@ def test_cached_pixels_normalize_to_exactly_the_decode_paths_tensors(backbone, o
         assert pixels.dtype == torch.uint8 and torch.equal(tokens, decoded.tokens[indices[::-1]])
         assert torch.equal(cached.normalize(pixels), decoded.batch(indices[::-1])[0])
         assert all(torch.equal(a, b) for a, b in zip(image_batches(cached, 3), image_batches(decoded, 3), strict=True))
+        read_ahead = list(image_batches(cached, 3, workers=2))   # by two threads, in order
+        assert len(read_ahead) == -(-len(indices) // 3) >= 2
+        assert all(torch.equal(a, b) for a, b in zip(read_ahead, image_batches(decoded, 3), strict=True))
         assert cached.decodes == 0 and decoded.decodes == len(indices)  # each image decoded once, then the LRU
         # on an accelerator a micro-batch travels as uint8 and is normalized there (`Method.to_device`)
         method = Method("full", cached.pixel_batch, None, normalize=cached.normalize)

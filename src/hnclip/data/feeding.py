@@ -12,9 +12,20 @@ accelerators (cuda, npu), whose host-to-device copies are faster from pinned pag
 Each worker is a forked copy of the dataset: it has its own decoded-image cache, filled by what it
 decodes (bounded like the main process's, `execution.image_cache_mb`); it starts with the main
 process's cache as it was at the fork.
+
+Where a load decodes nothing (micro-batches gathered from the memory-mapped image cache,
+`hnclip.data.image_cache`), `ThreadFeed` computes it ahead in threads of this process instead. A worker
+process hands each batch over through a shared-memory segment of its own (allocated, filled, page-faulted
+on both sides, freed: on a 2-core CPU 1-1.5 ms of CPU an image against 0.2 ms for the gather itself,
+`benchmarks/loop_throughput.py`), and its fork shares the trainer's heap copy-on-write; a thread reads the
+same page cache and hands over a reference. The gather and the normalization are numpy and torch kernels
+that release the GIL, so the thread runs beside the training step, as FFCV's loader threads do beside
+theirs (ffcv/loader/epoch_iterator.py: `EpochIterator(Thread)`).
 """
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 
@@ -87,6 +98,14 @@ def _loader(load, workers: int, device, persistent: bool) -> tuple[torch.utils.d
     return loader, plan
 
 
+def _checked(loaded: list[Loaded], index_lists: Sequence[Sequence[int]]) -> list:
+    for item, expected in zip(loaded, index_lists, strict=True):
+        if item.indices != list(expected):
+            raise RuntimeError(f"the loader delivered indices {item.indices[:4]}... where "
+                               f"{list(expected)[:4]}... were due: feed and consumer disagree on the order")
+    return [item.value for item in loaded]
+
+
 class LoadFeed:
     """`load(indices)` of a sequence of index lists, computed ahead by `workers` processes that live as
     long as the feed (so their caches last from one pass to the next), returned in the order given."""
@@ -106,12 +125,7 @@ class LoadFeed:
         """The next len(index_lists) loads of the pass, which must be those of `index_lists`."""
         if self._items is None:
             raise RuntimeError("take() before start()")
-        loaded = [next(self._items) for _ in index_lists]
-        for item, expected in zip(loaded, index_lists, strict=True):
-            if item.indices != list(expected):
-                raise RuntimeError(f"the loader delivered indices {item.indices[:4]}... where "
-                                   f"{list(expected)[:4]}... were due: feed and consumer disagree on the order")
-        return [item.value for item in loaded]
+        return _checked([next(self._items) for _ in index_lists], index_lists)
 
     def close(self) -> None:
         """Stop the workers now (else they stop when the feed is garbage-collected)."""
@@ -122,16 +136,72 @@ class LoadFeed:
         self._items = None
 
 
+class ThreadFeed:
+    """LoadFeed's contract (`start`, `take`, `close`: the loads of a pass, in order, checked) from `workers`
+    threads of this process, at most `ahead` loads (default 2 per thread, the DataLoader's prefetch_factor)
+    computed or waiting at any time. For loads that only read memory: the image cache's micro-batches."""
+
+    def __init__(self, load: Callable[[list[int]], object], workers: int, device: str | torch.device,
+                 ahead: int | None = None):
+        if workers < 1:
+            raise ValueError(f"a feed needs at least one worker thread, got {workers}")
+        self._load, self._pins = load, pins_memory(device)
+        self._ahead = ahead or 2 * workers
+        self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="hnclip-feed")
+        self._pending: collections.deque[concurrent.futures.Future] = collections.deque()
+        self._todo: Iterator[list[int]] | None = None
+
+    def _loaded(self, indices: list[int]) -> Loaded:
+        value = self._load(indices)
+        return Loaded(indices, pin(value) if self._pins else value)
+
+    def _submit_next(self) -> None:
+        indices = next(self._todo, None)
+        if indices is not None:
+            self._pending.append(self._pool.submit(self._loaded, indices))
+
+    def start(self, index_lists: Sequence[Sequence[int]]) -> None:
+        """Begin a pass over `index_lists` (a pass not read to its end is dropped)."""
+        self._drop_pass()
+        self._todo = iter([list(ix) for ix in index_lists])
+        for _ in range(self._ahead):
+            self._submit_next()
+
+    def take(self, index_lists: Sequence[Sequence[int]]) -> list:
+        """The next len(index_lists) loads of the pass, which must be those of `index_lists`."""
+        if self._todo is None:
+            raise RuntimeError("take() before start()")
+        loaded = []
+        for _ in index_lists:
+            if not self._pending:
+                raise RuntimeError("the pass has no more loads: feed and consumer disagree on the order")
+            loaded.append(self._pending.popleft().result())   # a load's exception is raised here
+            self._submit_next()
+        return _checked(loaded, index_lists)
+
+    def _drop_pass(self) -> None:
+        for future in self._pending:
+            future.cancel()   # a load already running finishes; its result is dropped with the future
+        self._pending.clear()
+        self._todo = None
+
+    def close(self) -> None:
+        """Drop the pass and stop the threads (after the loads running now)."""
+        self._drop_pass()
+        self._pool.shutdown(wait=True)
+
+
 def image_batches(dataset, batch_size: int, workers: int | None = None,
                   device: str | torch.device = "cpu") -> Iterator[torch.Tensor]:
     """A dataset's images as stacked batches of `batch_size`, in manifest order. With workers (default:
     the dataset's `loader_workers`), unless the main process has every image cached already, the batches
     are decoded by that many processes and each image is then cached here, so a later pass (the next
-    epoch's evaluation) reads this process's cache instead of starting workers again."""
+    epoch's evaluation) reads this process's cache instead of starting workers again. From the image
+    cache nothing is decoded: the workers are threads that read ahead (`cached_image_batches`)."""
     workers = getattr(dataset, "loader_workers", 0) if workers is None else workers
     spans = [list(range(start, min(start + batch_size, len(dataset)))) for start in range(0, len(dataset), batch_size)]
     if getattr(dataset, "pixels", None) is not None:  # the image cache: nothing to decode
-        yield from cached_image_batches(dataset, spans, device)
+        yield from cached_image_batches(dataset, spans, device, workers)
         return
     if workers == 0 or all(dataset.cached(i) for i in range(len(dataset))):
         for span in spans:
@@ -146,12 +216,31 @@ def image_batches(dataset, batch_size: int, workers: int | None = None,
         yield item.value
 
 
-def cached_image_batches(dataset, spans: list[list[int]], device: str | torch.device) -> Iterator[torch.Tensor]:
+def cached_image_batches(dataset, spans: list[list[int]], device: str | torch.device,
+                         workers: int = 0) -> Iterator[torch.Tensor]:
     """The image cache's batches of `spans`, normalized on `device`: read from the memory map, copied as
-    uint8 (from pinned pages, without blocking, on an accelerator), normalized there. The next batch is read
-    while the device works on this one."""
-    for span in spans:
-        yield dataset.normalize(to_device(dataset.pixels.take(span), device))
+    uint8 (from pinned pages, without blocking, on an accelerator), normalized there; on the CPU normalized
+    where they are read. With `workers`, that many threads read (and on the CPU normalize) the next batches
+    while this one is encoded (`ThreadFeed`); else each is read when it is due."""
+    on_cpu = torch.device(device).type == "cpu"
+
+    def read(span: list[int]) -> torch.Tensor:
+        pixels = dataset.pixels.take(span)
+        return dataset.normalize(pixels) if on_cpu else pixels
+
+    def ready(batch: torch.Tensor) -> torch.Tensor:
+        return batch if on_cpu else dataset.normalize(to_device(batch, device))
+    if workers == 0 or len(spans) < 2:
+        for span in spans:
+            yield ready(read(span))
+        return
+    feed = ThreadFeed(read, min(workers, len(spans) - 1), device)
+    feed.start(spans)
+    try:
+        for span in spans:
+            yield ready(feed.take([span])[0])
+    finally:
+        feed.close()
 
 
 def to_device(tensor: torch.Tensor, device: str | torch.device) -> torch.Tensor:

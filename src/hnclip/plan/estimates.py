@@ -287,7 +287,7 @@ class ProfileEstimates:
         runs = [run.spec for run in self.reg.runs().values()]
         train_loading = max((self.loading_bytes(
             [self.size(spec["train_set"], "train"), *(self.test_size(b) for b in self.reg.eval_benchmarks(
-                spec["train_set"]))], image) for spec in runs), default=0)
+                spec["train_set"]))], image, spec["objective"]["framework"]) for spec in runs), default=0)
         evaluate_loading = max((self.loading_bytes([self.test_size(b)], image) for b in self.reg.params["benchmarks"]),
                                default=0)
 
@@ -296,15 +296,20 @@ class ProfileEstimates:
         return {"train": mb(train + train_loading), "evaluate": mb(encode + evaluate_loading),
                 "caption_stats": mb(encode)}
 
-    def loading_bytes(self, images: list[int], image_bytes: int) -> int:
+    def loading_bytes(self, images: list[int], image_bytes: int, framework: str | None = None) -> int:
         """What loading a job's datasets holds on the host (`hnclip.data.loader`): each process that decodes a
         dataset keeps its own LRU cache of decoded images, up to execution.image_cache_mb per dataset (the
         main process: every dataset the job reads; each of the execution.loader_workers workers: the largest
         one), and each worker is a process of its own (WORKER_MB). With execution.image_cache the pixels are
-        memory-mapped from one file: shared page cache, nothing decoded per process."""
+        memory-mapped from one file: shared page cache, nothing decoded per process, and the workers are
+        threads of the job (`hnclip.data.feeding.ThreadFeed`), except a training `framework` whose
+        micro-batches still decode (GOAL's crops, StructXLIP's edge maps: AUXILIARY_INPUTS); evaluation
+        (`framework` None) reads the image cache only."""
         execution = self.reg.profile["execution"]
-        workers = int(execution.get("loader_workers", 0))
-        cap = 0 if execution.get("image_cache") else execution.get("image_cache_mb", DEFAULT_IMAGE_CACHE_MB) * 2**20
+        image_cache = bool(execution.get("image_cache"))
+        forks = not image_cache or framework in AUXILIARY_INPUTS
+        workers = int(execution.get("loader_workers", 0)) if forks else 0
+        cap = 0 if image_cache else execution.get("image_cache_mb", DEFAULT_IMAGE_CACHE_MB) * 2**20
 
         def cached(n: int) -> int:
             return int(min(cap, n * image_bytes))

@@ -3,8 +3,11 @@ layers: this is the training side (the loop's micro-batches, in its order, acros
 the worker-process loader it uses, which evaluation uses too, is `hnclip.data.feeding`.
 
 0 (the default): `method.load` on the main process, one micro-batch after the other, the loop's
-original code. N > 0: N worker processes load the micro-batches ahead of the optimizer steps
-(`hnclip.data.feeding.LoadFeed`), across accumulation groups and epochs, in the loop's order: one pass
+original code. N > 0: N workers load the micro-batches ahead of the optimizer steps: processes
+(`hnclip.data.feeding.LoadFeed`) where a load decodes images, threads of the training process
+(`hnclip.data.feeding.ThreadFeed`) where it only reads the image cache (`Method.load_reads_memory`: HN-CLIP's,
+plain fine-tuning's and FineLIP's micro-batches with execution.image_cache on). Either way they load
+across accumulation groups and epochs, in the loop's order: one pass
 from the position the loop is at (a resumed run starts mid-epoch) through the job's last epoch, begun
 when the feed is made (the loop makes it before the initial evaluation, so the workers start and load
 the first micro-batches meanwhile) and running on through each epoch's end (the next epoch's first
@@ -21,7 +24,7 @@ change what it returns. Their per-sample caches are per worker, as the images'.
 """
 from __future__ import annotations
 
-from hnclip.data.feeding import LoadFeed
+from hnclip.data.feeding import LoadFeed, ThreadFeed
 from hnclip.training.batching import accumulation_groups, epoch_micro_batches
 
 
@@ -31,12 +34,17 @@ class MicroBatchFeed:
 
     def __init__(self, run, workers: int, start: tuple[int, int] | None = None, last_epoch: int | None = None):
         self.run = run
-        self.feed = LoadFeed(run.method.load, workers, run.device)
+        feed = ThreadFeed if run.method.load_reads_memory else LoadFeed
+        self.feed = feed(run.method.load, workers, run.device)
         self.last_epoch = run.recipe["epochs"] if last_epoch is None else last_epoch   # 1-based, inclusive
         self.plan: list[tuple[int, int]] = []   # (epoch, group) of the current pass, in order
         self.served = 0                          # groups of the pass handed over so far
         if start is not None:
             self._start(*start)
+
+    @property
+    def kind(self) -> str:
+        return "threads" if isinstance(self.feed, ThreadFeed) else "processes"
 
     def _groups(self, epoch: int) -> list[list[list[int]]]:
         run, recipe = self.run, self.run.recipe

@@ -53,6 +53,9 @@ class Method:
     # uint8 images -> the model's input, on the device (`load` hands over the image cache's pixels); None:
     # `load` hands over model inputs already
     normalize: Callable[[torch.Tensor], torch.Tensor] | None = None
+    # `load` only reads memory (the image cache's pixels and the tokens made up front): loader workers are
+    # threads of the training process (`hnclip.data.feeding.ThreadFeed`); else processes that decode
+    load_reads_memory: bool = False
 
     def to_device(self, batch, device: torch.device):
         """A loaded micro-batch on the device: tensors copied without blocking from pinned memory on an
@@ -80,7 +83,8 @@ def build_method(framework: str, objective: dict, settings: dict, model: torch.n
         def terms(model, batch, position, autocast: Autocast = contextlib.nullcontext):
             return compute(model, *batch, objective, frozen_text, autocast, (position.epoch, position.micro_batch))
         load, normalize = _pair_loading(train_set, model)
-        return Method(framework, load, terms, loss_function=compute, normalize=normalize)
+        return Method(framework, load, terms, loss_function=compute, normalize=normalize,
+                      load_reads_memory=_reads_image_cache(train_set))
     if framework == "finelip":
         return _finelip(objective, settings, model, train_set)
     if framework == "goal":
@@ -151,7 +155,8 @@ def _finelip(objective: dict, settings: dict, model, train_set) -> Method:
             return finelip_released_lr(first_micro_step, total_micro_steps, grad_accum, warmup_micro_steps)
     load, normalize = _pair_loading(train_set, model)
     return Method("finelip", load, terms, extra_module=module, lr_factor=lr_factor,
-                  loss_names=("infonce", "hn", "fine", "total"), loss_function=finelip_loss_terms, normalize=normalize)
+                  loss_names=("infonce", "hn", "fine", "total"), loss_function=finelip_loss_terms, normalize=normalize,
+                  load_reads_memory=_reads_image_cache(train_set))
 
 
 def _goal(objective: dict, settings: dict, model, train_set, auxiliary: dict[str, Path], tokenizer) -> Method:
@@ -190,11 +195,15 @@ def _structxlip(objective: dict, settings: dict, train_set, auxiliary: dict[str,
                   loss_names=("infonce", "hn", "g", "sc", "rs", "lsc", "total"), loss_function=structxlip_loss_terms)
 
 
+def _reads_image_cache(train_set) -> bool:
+    return getattr(train_set, "pixels", None) is not None
+
+
 def _pair_loading(train_set, model: torch.nn.Module) -> tuple[Callable, Callable | None]:
     """(load, normalize) of (images, tokens) micro-batches: uint8 pixels of the image cache normalized on an
     accelerator where the training set has one (4x less to copy), else model inputs made by `load` (on the
-    CPU the loader workers normalize the cached pixels, not the training process)."""
-    if getattr(train_set, "pixels", None) is not None and next(model.parameters()).device.type != "cpu":
+    CPU the loader workers normalize the cached pixels, not the training thread)."""
+    if _reads_image_cache(train_set) and next(model.parameters()).device.type != "cpu":
         return train_set.pixel_batch, train_set.normalize
     return train_set.batch, None
 

@@ -99,6 +99,10 @@ def training_summary(run, state: LoopState, plan) -> dict:
             "images_decoded": {"train": run.train_set.decodes,
                                "eval": {name: data.decodes for name, data in run.eval_sets.items()}},
             "image_cache": run.train_set.pixels is not None,
+            # who loaded the micro-batches (execution.loader_workers): the training thread, worker threads
+            # (loads that only read the image cache) or worker processes (loads that decode)
+            "loader": {"workers": execution.get("loader_workers", 0),
+                       "kind": None if run.feed is None else run.feed.kind},
             "checkpoints": run.checkpoints.summary() if run.checkpoints is not None else None}
 
 
