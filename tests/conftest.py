@@ -1,12 +1,13 @@
 """Fixtures shared by several test modules (plain helpers are in tests/helpers/)."""
 import copy
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 from helpers.fault_server import running_server
-from helpers.micro_project import build_micro_project
+from helpers.micro_project import build_micro_project, verify_weights
 from helpers.scheduling import LONGEST_FIRST, grouped_file_scheduling
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,10 +78,12 @@ def server():
 
 
 @pytest.fixture(scope="session")
-def micro_project(tmp_path_factory) -> Path:
+def micro_project(tmp_path_factory) -> Iterator[Path]:
     """A real micro project with Tables 3a, 1 and 3c built (helpers.micro_project), once per session.
     Read-only: tests that change anything work on a `copy_project` of it."""
-    return build_micro_project(tmp_path_factory.mktemp("micro") / "proj")
+    proj = build_micro_project(tmp_path_factory.mktemp("micro") / "proj")
+    yield proj
+    verify_weights(proj)
 
 
 @pytest.fixture

@@ -13,8 +13,9 @@ from helpers.micro_project import copy_project
 from hnclip.errors import UnknownNameError
 from hnclip.hashing import json_sha256, sha256_file
 from hnclip.io import read_json
+from hnclip.provenance import audit as audit_module
 from hnclip.provenance import audit_dvc
-from hnclip.provenance.audit import audit, main_audit
+from hnclip.provenance.audit import audit, main_audit, run_audit
 from hnclip.provenance.lineage import format_lineage, iter_nodes, lineage, lineage_json
 
 pytestmark = pytest.mark.slow
@@ -129,7 +130,7 @@ def test_lineage_prints_the_code_each_record_names(micro_project, tmp_path):
         assert line in text, line
 
     # records written before the code was named
-    proj = copy_project(micro_project, tmp_path / "proj")
+    proj = copy_project(micro_project, tmp_path / "proj", share_weights=True)
     run_id = _docci_run(proj)
     for path in (proj / "results/runs" / run_id / "train.json", proj / "results/evals" / run_id / "docci.json",
                  proj / "results/tables/table3a.provenance.json"):
@@ -198,7 +199,7 @@ DAMAGE = {"changed": (_append_a_space, False, "[CHANGED since recorded]"),
 @pytest.mark.parametrize("step, target", [("train manifest", "data/embedded/docci/train.jsonl"),
                                           ("checkpoint", "results/runs/{run}/model.pt")])
 def test_lineage_marks_a_changed_or_deleted_input(micro_project, tmp_path, step, target, damage):
-    proj = copy_project(micro_project, tmp_path / "proj")
+    proj = copy_project(micro_project, tmp_path / "proj", share_weights=step != "checkpoint")
     target = target.format(run=_docci_run(proj))
     harm, verified, mark = DAMAGE[damage]
     harm(proj / target)
@@ -213,9 +214,24 @@ def test_lineage_marks_a_changed_or_deleted_input(micro_project, tmp_path, step,
 
 
 # ---- audit ----------------------------------------------------------------------------------------
-def test_clean_project_audits_with_exit_zero(micro_project, capsys):
-    assert audit(micro_project) == []
-    assert main_audit(micro_project) == 0
+def _main_audit(proj, monkeypatch) -> tuple[int, list]:
+    """`main_audit`'s exit code and the mismatches of the audit it ran (what `audit` returns): one audit,
+    and one `dvc status` (a second of CPU), serves the assertions on both."""
+    results = []
+
+    def recording(*args, **kwargs):
+        results.append(run_audit(*args, **kwargs))
+        return results[-1]
+    monkeypatch.setattr(audit_module, "run_audit", recording)
+    code = main_audit(proj)
+    (result,) = results
+    return code, result.mismatches
+
+
+def test_clean_project_audits_with_exit_zero(micro_project, capsys, monkeypatch):
+    code, mismatches = _main_audit(micro_project, monkeypatch)
+    assert mismatches == []
+    assert code == 0
     out = capsys.readouterr().out
     assert "artifacts verified" in out and int(out.split("audit ok: ")[1].split()[0]) > 20
 
@@ -273,10 +289,11 @@ TAMPERING = {"tampered metrics": _edit_eval_number, "swapped checkpoint": _swap_
 
 
 @pytest.mark.parametrize("case", list(TAMPERING))
-def test_audit_catches_and_names_each_tampering(case, micro_project, tmp_path, capsys):
-    proj = copy_project(micro_project, tmp_path / "proj")  # each case tampers with its own copy
+def test_audit_catches_and_names_each_tampering(case, micro_project, tmp_path, capsys, monkeypatch):
+    # each case tampers with its own copy; swapping a checkpoint writes into the weights
+    proj = copy_project(micro_project, tmp_path / "proj", share_weights=case != "swapped checkpoint")
     expect = TAMPERING[case](proj)
-    mismatches = audit(proj)
+    code, mismatches = _main_audit(proj, monkeypatch)
     named = {(m.artifact, m.path) for m in mismatches}
     assert (expect["artifact"], expect["path"]) in named, [str(m) for m in mismatches]
     for pair in expect["also"]:
@@ -284,12 +301,12 @@ def test_audit_catches_and_names_each_tampering(case, micro_project, tmp_path, c
     main = next(m for m in mismatches if (m.artifact, m.path) == (expect["artifact"], expect["path"]))
     assert expect.get("message", expect["path"]) in main.message
     assert main.recorded_sha256 != main.actual_sha256
-    assert main_audit(proj) == 1
+    assert code == 1
     assert expect["path"] in capsys.readouterr().err
 
 
 def test_without_dvc_the_lock_files_md5_are_still_checked(micro_project, tmp_path, monkeypatch):
-    proj = copy_project(micro_project, tmp_path / "proj")
+    proj = copy_project(micro_project, tmp_path / "proj", share_weights=True)
     monkeypatch.setattr(audit_dvc, "dvc_available", lambda: False)
     assert audit(proj) == []
     with open(proj / "Snakefile", "a") as handle:

@@ -19,6 +19,15 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def project(micro_project, tmp_path, monkeypatch):
+    """A copy whose weights are the micro project's (read, never written: evaluations are written atomically)."""
+    proj = copy_project(micro_project, tmp_path / "proj", share_weights=True)
+    monkeypatch.chdir(proj)
+    return proj
+
+
+@pytest.fixture
+def project_with_own_weights(micro_project, tmp_path, monkeypatch):
+    """A copy whose weights a test may overwrite."""
     proj = copy_project(micro_project, tmp_path / "proj")
     monkeypatch.chdir(proj)
     return proj
@@ -50,7 +59,8 @@ def test_in_domain_evaluation_is_selected_from_the_training_record(project, monk
     assert out["consistent_with_training"] is True and train["saved_weights_match_last_epoch"] is True
 
 
-def test_replaced_checkpoint_is_refused(project):
+def test_replaced_checkpoint_is_refused(project_with_own_weights):
+    project = project_with_own_weights
     reg = _registry(project)
     run_id = _docci_run(reg)
     other = next(r for r in reg.runs() if r != run_id)
