@@ -1,12 +1,16 @@
 """The whole training loop's images/s (feeding, optimizer steps, per-epoch evaluation, checkpoints) against
-the optimizer steps alone, on the CPU, and how many images each epoch decodes.
+the optimizer steps alone, on the CPU (or a GPU: --device), and how many images each epoch decodes.
 
     python benchmarks/loop_throughput.py [--train 256] [--test 128] [--epochs 2] [--workers 2] [--repeats 0]
+    python benchmarks/loop_throughput.py --shapes paper --device cuda ...   # benchmarks/gpu_check.sh
 
 Data: --train and --test photographic-like JPEGs of 1,500 x 1,000 (DOCCI's and DCI's size;
 `data_loading.photo_like`), preprocessed at 224 px as Long-CLIP-L's (open_clip's eval transform). Model: a
 tiny CLIP at 224 px (width 64, 2 layers per tower, patch 32), from scratch; HN-CLIP's objective (gamma 0.5,
-lambda_tok 1), micro-batch 16 x 2 accumulation, fp32, one torch thread, --workers loader processes.
+lambda_tok 1), micro-batch 16 x 2 accumulation, fp32, one torch thread, --workers loader workers (threads
+from the image cache, processes where JPEGs are decoded: `hnclip.data.feeding`). `--shapes paper` trains
+Long-CLIP-L's towers at random init instead, 16 x 8 pairs in bf16 (the paper profile's recipe), for a GPU
+(`--device cuda`; its step-only runs keep every micro-batch on the device).
 
 Runs, each a real `hnclip.training.loop.train`:
 * `image_cache`: the splits' image caches built first (`hnclip.data.image_cache`, their decodes counted),
@@ -30,7 +34,9 @@ are shares within one run, robust to the machine's load as rates are not. On Lin
 scheduling (`/proc/sys/kernel/sched_autogroup_enabled`, recorded) a loaded machine gives the job's
 session one share of the cores, so the workers' and the writer thread's CPU time comes out of the step's.
 --no-decode skips the decoding run and feed.
-A checkpoint is due every --checkpoint-every optimizer steps and at each epoch's end. The loop's time is
+A checkpoint is due every --checkpoint-every optimizer steps and at each epoch's end (default 2: a stress
+of the background writer; the project's default, every 10 minutes, is at epoch ends only in a loop this
+short: --checkpoint-every 1000). The loop's time is
 `_epochs` (first step to last epoch's checkpoint; the initial evaluation before it is excluded). Decodes
 are counted across the job's processes (`PairDataset.decodes`) at every epoch's end, before and after its
 evaluation. The checkpoint record gives the loop's cost of checkpointing (host copy + waiting for a write
@@ -41,7 +47,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
+import multiprocessing
 import os
 import statistics
 import sys
@@ -58,37 +66,63 @@ MODEL = "loop-bench-224"
 MODEL_CONFIG = {"embed_dim": 64, "quick_gelu": True,
                 "vision_cfg": {"image_size": 224, "layers": 2, "width": 64, "patch_size": 32, "head_width": 32},
                 "text_cfg": {"context_length": 248, "vocab_size": 49408, "width": 64, "heads": 2, "layers": 2}}
-MICRO_BATCH, GRAD_ACCUM = 16, 2
 
 
-def write_split(folder: Path, split: str, n: int, seed: int) -> Path:
-    """n 1,500 x 1,000 JPEGs and their manifest `<split>.jsonl`."""
+@dataclasses.dataclass(frozen=True)
+class Shapes:
+    """The model and recipe a loop trains (--shapes)."""
+    model: str
+    micro_batch: int
+    grad_accum: int
+    precision: str
+    eval_batch: int
+
+
+SHAPES = {"tiny": Shapes(MODEL, 16, 2, "fp32", 64),
+          # the paper profile's: Long-CLIP-L's towers at random init (no download), 16 x 8 pairs, bf16 autocast
+          "paper": Shapes("ViT-L-14-quickgelu", 16, 8, "bf16", 256)}
+
+
+def _write_photo(path_seed_index: tuple[Path, int, int]) -> None:
     from data_loading import photo_like
+    path, seed, index = path_seed_index
+    photo_like(np.random.default_rng([seed, index])).save(path, quality=90)
 
+
+def write_split(folder: Path, split: str, n: int, seed: int, processes: int = 1) -> Path:
+    """n 1,500 x 1,000 JPEGs (each from its own seed, made by `processes` processes) and their manifest
+    `<split>.jsonl`."""
     from hnclip.data.manifest import ManifestRow, write_manifest
-    rng = np.random.default_rng(seed)
     (folder / "images").mkdir(parents=True, exist_ok=True)
+    photos = [(folder / "images" / f"{split}{i:05d}.jpg", seed, i) for i in range(n)]
+    if processes > 1:
+        with multiprocessing.get_context("fork").Pool(processes) as pool:
+            pool.map(_write_photo, photos, chunksize=4)
+    else:
+        for photo in photos:
+            _write_photo(photo)
     rows = []
     for i in range(n):
         name = f"images/{split}{i:05d}.jpg"
-        photo_like(rng).save(folder / name, quality=90)
         rows.append(ManifestRow(f"{split}{i:05d}", name, f"a photograph, number {i} of the {split} split, with "
                                 f"{['red', 'green', 'blue', 'grey'][i % 4]} tones", None, split, "0" * 64))
     write_manifest(folder / f"{split}.jsonl", rows)
     return folder / f"{split}.jsonl"
 
 
-def make_job(manifests: dict, out: Path, epochs: int, workers: int, image_cache: bool, checkpoint_every: int):
+def make_job(manifests: dict, out: Path, epochs: int, workers: int, image_cache: bool, checkpoint_every: int,
+             shapes: Shapes = SHAPES["tiny"], device: str = "cpu"):
     from hnclip.training.loop import TrainJob
     spec = {"train_set": "docci", "fraction": 1.0, "seed": 0,
             "objective": {"framework": "full", "gamma": 0.5, "lambda_tok": 1.0, "margin": "live"},
-            "recipe": {"epochs": epochs, "micro_batch": MICRO_BATCH, "grad_accum": GRAD_ACCUM, "lr": 1e-4,
-                       "weight_decay": 0.01, "warmup_steps": 0, "reset_logit_scale": 100.0, "precision": "fp32"}}
-    execution = {"device": "cpu", "threads": 1, "eval_batch_size": 64, "checkpoint_every_steps": checkpoint_every,
-                 "keep_epoch_weights": False, "loader_workers": workers, "image_cache": image_cache,
-                 "grad_probe_every": 0}
+            "recipe": {"epochs": epochs, "micro_batch": shapes.micro_batch, "grad_accum": shapes.grad_accum,
+                       "lr": 1e-4, "weight_decay": 0.01, "warmup_steps": 0, "reset_logit_scale": 100.0,
+                       "precision": shapes.precision}}
+    execution = {"device": device, "threads": 1, "eval_batch_size": shapes.eval_batch,
+                 "checkpoint_every_steps": checkpoint_every, "keep_epoch_weights": False, "loader_workers": workers,
+                 "image_cache": image_cache, "grad_probe_every": 0, "tf32": True}
     return TrainJob(run_id=f"loop-{'cache' if image_cache else 'decode'}", spec=spec, spec_hash="b" * 64,
-                    init_kind="scratch", init_path=None, model_config=MODEL, train_manifest=manifests["train"],
+                    init_kind="scratch", init_path=None, model_config=shapes.model, train_manifest=manifests["train"],
                     eval_manifests={"docci": manifests["test"]}, out_dir=out / "run", checkpoint_dir=out / "ckpt",
                     execution=execution, evaluation={"recall_ks": [1, 5], "tie_rule": "pessimistic",
                                                      "selection_metric": "mean_r1"})
@@ -217,7 +251,8 @@ def loop_run(job) -> dict:
         record = train(job)
     children = os.times().children_user + os.times().children_system - children.children_user - \
         children.children_system  # the loader workers, reaped when the feed closes
-    images = job.spec["recipe"]["epochs"] * (len(seen["datasets"][0]) // MICRO_BATCH) * MICRO_BATCH
+    micro = job.spec["recipe"]["micro_batch"]
+    images = job.spec["recipe"]["epochs"] * (len(seen["datasets"][0]) // micro) * micro
     evaluation_s = sum(epoch["end_of_epoch_s"] for epoch in seen["epochs"])  # evaluation and weights digest
     wall, phases = seen["loop_s"], seen["phases"]
     shares = phases.shares(wall)
@@ -240,6 +275,10 @@ def loop_run(job) -> dict:
             "loop_images_per_s": round(images / seen["loop_s"], 1),
             "end_of_epoch_evaluation_s": round(evaluation_s, 2),
             "loop_without_evaluation_images_per_s": round(images / (seen["loop_s"] - evaluation_s), 1),
+            # and without the loop's checkpoint time (host copies, waits for a write in flight): in a loop of a
+            # few steps an epoch the epoch-end checkpoints weigh far more than in the paper profile's epochs
+            "loop_without_evaluation_or_checkpoints_images_per_s": round(images / (seen["loop_s"] - evaluation_s - sum(
+                phases.seconds.get(name, 0.0) for name in ("checkpoint_save", "checkpoint_wait"))), 1),
             "optimizer_steps_s": round(record["training"]["timing_s"]["train_s"], 2),
             "checkpoints": record["training"]["checkpoints"],
             "decodes_per_epoch": seen["epochs"], "images_decoded": record["training"]["images_decoded"]}
@@ -252,10 +291,12 @@ def step_only(job) -> dict:
     from hnclip.training.batching import accumulation_groups, epoch_micro_batches
     from hnclip.training.distributed import distributed_session
     from hnclip.training.state import LoopState
-    with distributed_session("cpu") as distributed:
+    recipe = job.spec["recipe"]
+    with distributed_session(job.execution["device"]) as distributed:
         run = loop.prepare_run(job, distributed)
         plan, state = loop.fresh_memory_plan(run), LoopState()
-        groups = accumulation_groups(epoch_micro_batches(run.indices, MICRO_BATCH, job.spec["seed"], 0), GRAD_ACCUM)
+        groups = accumulation_groups(epoch_micro_batches(run.indices, recipe["micro_batch"], job.spec["seed"], 0),
+                                     recipe["grad_accum"])
         ready = [[run.method.to_device(run.method.load(ix), run.device) for ix in group] for group in groups]
         phases = PhaseTimers()
         phases.on = True
@@ -263,17 +304,24 @@ def step_only(job) -> dict:
             patch(loop, "group_batches", lambda run_, epoch, index, group: ready[index])
             loop.optimizer_step(run, state, plan, 0, 0, groups[0])  # warm-up
             patch(loop, "group_backward", phases.wrap("backward", loop.group_backward))
+            _synchronize(run.device)
             started, cpu = time.perf_counter(), time.thread_time()
-            for _ in range(job.spec["recipe"]["epochs"]):
+            for _ in range(recipe["epochs"]):
                 for index, group in enumerate(groups):
                     loop.optimizer_step(run, state, plan, 0, index, group)
+            _synchronize(run.device)
             seconds, cpu_s = time.perf_counter() - started, time.thread_time() - cpu
-    steps = len(groups) * job.spec["recipe"]["epochs"]
-    images = steps * GRAD_ACCUM * MICRO_BATCH
+    steps = len(groups) * recipe["epochs"]
+    images = steps * recipe["grad_accum"] * recipe["micro_batch"]
     return {"images": images, "steps_s": round(seconds, 2), "images_per_s": round(images / seconds, 1),
             "backward_s_per_step": round(phases.seconds["backward"] / steps, 4),
             "backward_main_thread_cpu_s_per_step": round(phases.cpu["backward"] / steps, 4),
             "main_thread_cpu_share_of_wall": round(cpu_s / seconds, 3)}
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def alternated(loop_job, steps_job, repeats: int) -> dict:
@@ -297,22 +345,20 @@ def alternated(loop_job, steps_job, repeats: int) -> dict:
                                for name in ("loop_vs_step_only", "loop_without_evaluation_vs_step_only")}}
 
 
-def feed_only(manifests: dict, image_cache: bool) -> dict:
+def feed_only(manifests: dict, image_cache: bool, shapes: Shapes, backbone) -> dict:
     """One epoch of training micro-batches made on this process alone (no workers, no steps): the CPU time
     feeding costs per image, which the loop's workers spend beside the steps (the cached pixels normalized
     here, or JPEGs decoded, each once: an epoch through a fresh dataset)."""
     from hnclip.data.loader import PairDataset
-    from hnclip.models.factory import create
-    with contextlib.redirect_stderr(sys.stdout):
-        backbone = create(MODEL)
     data = PairDataset.from_manifest(manifests["train"], backbone.preprocess, backbone.tokenizer,
                                      image_cache=image_cache)
-    spans = [list(range(start, start + MICRO_BATCH)) for start in range(0, len(data) - MICRO_BATCH + 1, MICRO_BATCH)]
+    micro = shapes.micro_batch
+    spans = [list(range(start, start + micro)) for start in range(0, len(data) - micro + 1, micro)]
     started, cpu = time.perf_counter(), time.process_time()
     for span in spans:
         data.batch(span)
     seconds, cpu_s = time.perf_counter() - started, time.process_time() - cpu
-    images = len(spans) * MICRO_BATCH
+    images = len(spans) * micro
     return {"images": images, "seconds": round(seconds, 2), "cpu_ms_per_image": round(1000 * cpu_s / images, 2),
             "images_per_s": round(images / seconds, 1), "decodes": data.decodes}
 
@@ -341,8 +387,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--no-decode", action="store_true", help="skip the run and feed that decode JPEGs")
     parser.add_argument("--repeats", type=int, default=0,
                         help="image-cache loops alternated with step-only runs after the first pair")
+    parser.add_argument("--shapes", choices=sorted(SHAPES), default="tiny",
+                        help="tiny: the CPU model above; paper: Long-CLIP-L's towers, 16 x 8 pairs, bf16 (a GPU's)")
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda (with --shapes paper: benchmarks/gpu_check.sh)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
+    shapes = SHAPES[args.shapes]
     torch.set_num_threads(1)
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
@@ -350,33 +400,34 @@ def main(argv: list[str] | None = None) -> dict:
         (root / f"{MODEL}.json").write_text(json.dumps(MODEL_CONFIG))
         open_clip.add_model_config(root / f"{MODEL}.json")
         started = time.perf_counter()
-        manifests = {"train": write_split(root / "data", "train", args.train, 0),
-                     "test": write_split(root / "data", "test", args.test, 1)}
+        manifests = {"train": write_split(root / "data", "train", args.train, 0, max(args.workers, 1)),
+                     "test": write_split(root / "data", "test", args.test, 1, max(args.workers, 1))}
         generated_s = time.perf_counter() - started
         with contextlib.redirect_stderr(sys.stdout):   # open_clip's "no pretrained weights" warning
-            transform = PixelTransform.from_preprocess(create(MODEL).preprocess)
+            backbone = create(shapes.model)   # its preprocessing and tokenizer (the jobs build their own model)
+        transform = PixelTransform.from_preprocess(backbone.preprocess)
         started = time.perf_counter()
         caches = {split: json.loads(write_image_cache(path, transform, workers=args.workers).read_text())
                   for split, path in manifests.items()}
         cache_s = time.perf_counter() - started
-        steps_job = make_job(manifests, root / "steps", args.epochs, args.workers, True, args.checkpoint_every)
+        def job(name: str, image_cache: bool = True):
+            return make_job(manifests, root / name, args.epochs, args.workers, image_cache, args.checkpoint_every,
+                            shapes, args.device)
+        steps_job = job("steps")
         steps_before = step_only(steps_job)  # before and after the loops: a bracket on a machine whose load drifts
-        runs = {"image_cache": loop_run(make_job(manifests, root / "cache", args.epochs, args.workers, True,
-                                                 args.checkpoint_every)),
-                **({} if args.no_decode else {"decode": loop_run(make_job(
-                    manifests, root / "decode", args.epochs, args.workers, False, args.checkpoint_every))}),
+        runs = {"image_cache": loop_run(job("cache")),
+                **({} if args.no_decode else {"decode": loop_run(job("decode", image_cache=False))}),
                 "step_only_before": steps_before, "step_only": step_only(steps_job),
-                "alternated": alternated(lambda r: make_job(manifests, root / f"cache{r}", args.epochs, args.workers,
-                                                            True, args.checkpoint_every), steps_job, args.repeats),
-                "feed_only_image_cache": feed_only(manifests, True),
-                **({} if args.no_decode else {"feed_only_decode": feed_only(manifests, False)})}
+                "alternated": alternated(lambda r: job(f"cache{r}"), steps_job, args.repeats),
+                "feed_only_image_cache": feed_only(manifests, True, shapes, backbone),
+                **({} if args.no_decode else {"feed_only_decode": feed_only(manifests, False, shapes, backbone)})}
     step_rate = statistics.mean([runs["step_only_before"]["images_per_s"], runs["step_only"]["images_per_s"]])
     for name in [name for name in ("feed_only_image_cache", "feed_only_decode") if name in runs]:  # per step's
         runs[name]["cpu_share_of_a_step"] = round(runs[name]["cpu_ms_per_image"] / (1000 / step_rate), 3)
     for name in [name for name in ("image_cache", "decode") if name in runs]:
         runs[name]["loop_vs_step_only"] = round(runs[name]["loop_images_per_s"] / step_rate, 3)
-        runs[name]["loop_without_evaluation_vs_step_only"] = round(
-            runs[name]["loop_without_evaluation_images_per_s"] / step_rate, 3)
+        for rate in ("loop_without_evaluation", "loop_without_evaluation_or_checkpoints"):
+            runs[name][f"{rate}_vs_step_only"] = round(runs[name][f"{rate}_images_per_s"] / step_rate, 3)
     return append_record(args.out, {
         "benchmark": "loop_throughput", "timestamp": utc_now(), "commit": _commit(ROOT),
         "cpus": len(os.sched_getaffinity(0)), "main_threads": 1, "workers": args.workers,
@@ -384,7 +435,9 @@ def main(argv: list[str] | None = None) -> dict:
         # the machine's 1-minute load average before and after: above the CPU count, other processes
         # shared the cores and the rates are theirs as much as the loop's
         "load_average": [round(load_before, 1), round(os.getloadavg()[0], 1)],
-        "model": {"name": MODEL, **MODEL_CONFIG}, "micro_batch": MICRO_BATCH, "grad_accum": GRAD_ACCUM,
+        "device": args.device, "device_name": torch.cuda.get_device_name() if args.device.startswith("cuda") else None,
+        "shapes": args.shapes, "model": {"name": shapes.model, **(MODEL_CONFIG if shapes.model == MODEL else {})},
+        "micro_batch": shapes.micro_batch, "grad_accum": shapes.grad_accum, "precision": shapes.precision,
         "epochs": args.epochs, "checkpoint_every_steps": args.checkpoint_every,
         "data": {"train": args.train, "test": args.test, "size": [1500, 1000], "input_px": 224,
                  "generated_s": round(generated_s, 1)},
