@@ -178,6 +178,20 @@ def test_a_thread_feed_starts_over_checks_the_order_and_raises_a_loads_error():
     assert sorted(calls) == [[0, 1], [2], [3], [5], [6], [8], [9]]
 
 
+def test_a_thread_feed_for_an_accelerator_pins_on_the_runs_device(monkeypatch):
+    """Each feed thread selects the run's device before it pins (else every rank of a multi-GPU job would
+    open a context on the default device)."""
+    selected, pinned = [], []
+    monkeypatch.setattr(torch.accelerator, "set_device_index", lambda index: selected.append(index))
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a: pinned.append(self.tolist()) or self.clone())
+    feed = ThreadFeed(lambda ix: (torch.tensor(ix), torch.zeros(1)), 2, "cuda:1")
+    feed.start([[0], [1], [2]])
+    assert [pair[0].tolist() for pair in feed.take([[0], [1], [2]])] == [[0], [1], [2]]
+    feed.close()
+    assert selected and set(selected) == {1}   # once per thread that started
+    assert sorted(map(str, pinned)) == sorted(map(str, [[0], [0.0], [1], [0.0], [2], [0.0]]))
+
+
 def test_a_feed_refuses_micro_batches_out_of_its_order(tiny_data):
     backbone = create("hnclip-tiny")
     data = PairDataset.from_manifest(tiny_data["train"], backbone.preprocess, backbone.tokenizer)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
+import functools
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
@@ -136,6 +137,11 @@ class LoadFeed:
         self._items = None
 
 
+def _device_index(device: str | torch.device) -> int:
+    device = torch.device(device)
+    return device.index if device.index is not None else torch.accelerator.current_device_index()
+
+
 class ThreadFeed:
     """LoadFeed's contract (`start`, `take`, `close`: the loads of a pass, in order, checked) from `workers`
     threads of this process, at most `ahead` loads (default 2 per thread, the DataLoader's prefetch_factor)
@@ -147,7 +153,12 @@ class ThreadFeed:
             raise ValueError(f"a feed needs at least one worker thread, got {workers}")
         self._load, self._pins = load, pins_memory(device)
         self._ahead = ahead or 2 * workers
-        self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="hnclip-feed")
+        # a thread that pins works on the run's device, not the process's default one (which would open a
+        # context there for every rank of a multi-GPU job), as the DataLoader's pinning thread does
+        # (torch/utils/data/_utils/pin_memory.py: `torch.accelerator.set_device_index`)
+        setup = functools.partial(torch.accelerator.set_device_index, _device_index(device)) if self._pins else None
+        self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="hnclip-feed",
+                                                           initializer=setup)
         self._pending: collections.deque[concurrent.futures.Future] = collections.deque()
         self._todo: Iterator[list[int]] | None = None
 
