@@ -324,12 +324,12 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def alternated(loop_job, steps_job, repeats: int) -> dict:
-    """`repeats` x (image-cache loop, step-only run), after a step-only run: each loop's rates against the
-    mean of the step-only runs either side of it."""
+def alternated(loop_job, steps_job, repeats: int, step_rate_before: float) -> dict:
+    """`repeats` x (image-cache loop, step-only run), after a step-only run at `step_rate_before` images/s:
+    each loop's rates against the mean of the step-only runs either side of it."""
     if repeats < 1:
         return {}
-    steps, pairs = [step_only(steps_job)["images_per_s"]], []
+    steps, pairs = [step_rate_before], []
     for r in range(repeats):
         loop = loop_run(loop_job(r))
         steps.append(step_only(steps_job)["images_per_s"])
@@ -417,10 +417,11 @@ def main(argv: list[str] | None = None) -> dict:
         steps_before = step_only(steps_job)  # before and after the loops: a bracket on a machine whose load drifts
         runs = {"image_cache": loop_run(job("cache")),
                 **({} if args.no_decode else {"decode": loop_run(job("decode", image_cache=False))}),
-                "step_only_before": steps_before, "step_only": step_only(steps_job),
-                "alternated": alternated(lambda r: job(f"cache{r}"), steps_job, args.repeats),
-                "feed_only_image_cache": feed_only(manifests, True, shapes, backbone),
-                **({} if args.no_decode else {"feed_only_decode": feed_only(manifests, False, shapes, backbone)})}
+                "step_only_before": steps_before, "step_only": step_only(steps_job)}
+        runs |= {"alternated": alternated(lambda r: job(f"cache{r}"), steps_job, args.repeats,
+                                          runs["step_only"]["images_per_s"]),
+                 "feed_only_image_cache": feed_only(manifests, True, shapes, backbone),
+                 **({} if args.no_decode else {"feed_only_decode": feed_only(manifests, False, shapes, backbone)})}
     step_rate = statistics.mean([runs["step_only_before"]["images_per_s"], runs["step_only"]["images_per_s"]])
     for name in [name for name in ("feed_only_image_cache", "feed_only_decode") if name in runs]:  # per step's
         runs[name]["cpu_share_of_a_step"] = round(runs[name]["cpu_ms_per_image"] / (1000 / step_rate), 3)

@@ -134,7 +134,7 @@ def test_loads_that_only_read_memory_are_fed_by_threads_of_this_process(tiny_dat
     write_image_cache(manifest, PixelTransform.from_preprocess(backbone.preprocess))
     data = PairDataset.from_manifest(manifest, backbone.preprocess, backbone.tokenizer, image_cache=True)
     run = _run(data, workers=2, reads_memory=True)
-    assert run.feed.kind == "threads" and isinstance(run.feed.feed, ThreadFeed)
+    assert run.feed.feed.kind == "threads" and isinstance(run.feed.feed, ThreadFeed)
     expected = []
     for epoch in (0, 1):
         groups = accumulation_groups(epoch_micro_batches(run.indices, 8, 7, epoch), 2)
@@ -146,7 +146,7 @@ def test_loads_that_only_read_memory_are_fed_by_threads_of_this_process(tiny_dat
     run.feed.close()
     assert run.method.load.calls == expected   # each micro-batch loaded once, in order, here
     assert run.method.load.threads and all(name.startswith("hnclip-feed") for name in run.method.load.threads)
-    assert _run(data, workers=2).feed.kind == "processes"
+    assert _run(data, workers=2).feed.feed.kind == "processes"
 
 
 def test_a_thread_feed_starts_over_checks_the_order_and_raises_a_loads_error():

@@ -110,6 +110,7 @@ def _checked(loaded: list[Loaded], index_lists: Sequence[Sequence[int]]) -> list
 class LoadFeed:
     """`load(indices)` of a sequence of index lists, computed ahead by `workers` processes that live as
     long as the feed (so their caches last from one pass to the next), returned in the order given."""
+    kind = "processes"
 
     def __init__(self, load: Callable[[list[int]], object], workers: int, device: str | torch.device):
         if workers < 1:
@@ -146,6 +147,7 @@ class ThreadFeed:
     """LoadFeed's contract (`start`, `take`, `close`: the loads of a pass, in order, checked) from `workers`
     threads of this process, at most `ahead` loads (default 2 per thread, the DataLoader's prefetch_factor)
     computed or waiting at any time. For loads that only read memory: the image cache's micro-batches."""
+    kind = "threads"
 
     def __init__(self, load: Callable[[list[int]], object], workers: int, device: str | torch.device,
                  ahead: int | None = None):

@@ -42,10 +42,6 @@ class MicroBatchFeed:
         if start is not None:
             self._start(*start)
 
-    @property
-    def kind(self) -> str:
-        return "threads" if isinstance(self.feed, ThreadFeed) else "processes"
-
     def _groups(self, epoch: int) -> list[list[list[int]]]:
         run, recipe = self.run, self.run.recipe
         return accumulation_groups(epoch_micro_batches(run.indices, recipe["micro_batch"], run.job.spec["seed"],

@@ -82,9 +82,7 @@ def build_method(framework: str, objective: dict, settings: dict, model: torch.n
 
         def terms(model, batch, position, autocast: Autocast = contextlib.nullcontext):
             return compute(model, *batch, objective, frozen_text, autocast, (position.epoch, position.micro_batch))
-        load, normalize = _pair_loading(train_set, model)
-        return Method(framework, load, terms, loss_function=compute, normalize=normalize,
-                      load_reads_memory=_reads_image_cache(train_set))
+        return Method(framework, terms=terms, loss_function=compute, **_pair_loading(train_set, model))
     if framework == "finelip":
         return _finelip(objective, settings, model, train_set)
     if framework == "goal":
@@ -153,10 +151,9 @@ def _finelip(objective: dict, settings: dict, model, train_set) -> Method:
 
         def lr_factor(first_micro_step: int, total_micro_steps: int, grad_accum: int) -> float:
             return finelip_released_lr(first_micro_step, total_micro_steps, grad_accum, warmup_micro_steps)
-    load, normalize = _pair_loading(train_set, model)
-    return Method("finelip", load, terms, extra_module=module, lr_factor=lr_factor,
-                  loss_names=("infonce", "hn", "fine", "total"), loss_function=finelip_loss_terms, normalize=normalize,
-                  load_reads_memory=_reads_image_cache(train_set))
+    return Method("finelip", terms=terms, extra_module=module, lr_factor=lr_factor,
+                  loss_names=("infonce", "hn", "fine", "total"), loss_function=finelip_loss_terms,
+                  **_pair_loading(train_set, model))
 
 
 def _goal(objective: dict, settings: dict, model, train_set, auxiliary: dict[str, Path], tokenizer) -> Method:
@@ -195,17 +192,15 @@ def _structxlip(objective: dict, settings: dict, train_set, auxiliary: dict[str,
                   loss_names=("infonce", "hn", "g", "sc", "rs", "lsc", "total"), loss_function=structxlip_loss_terms)
 
 
-def _reads_image_cache(train_set) -> bool:
-    return getattr(train_set, "pixels", None) is not None
-
-
-def _pair_loading(train_set, model: torch.nn.Module) -> tuple[Callable, Callable | None]:
-    """(load, normalize) of (images, tokens) micro-batches: uint8 pixels of the image cache normalized on an
-    accelerator where the training set has one (4x less to copy), else model inputs made by `load` (on the
-    CPU the loader workers normalize the cached pixels, not the training thread)."""
-    if _reads_image_cache(train_set) and next(model.parameters()).device.type != "cpu":
-        return train_set.pixel_batch, train_set.normalize
-    return train_set.batch, None
+def _pair_loading(train_set, model: torch.nn.Module) -> dict:
+    """Method's `load`, `normalize` and `load_reads_memory` for (images, tokens) micro-batches: uint8 pixels
+    of the image cache normalized on an accelerator where the training set has one (4x less to copy), else
+    model inputs made by `load` (on the CPU the loader workers normalize the cached pixels, not the training
+    thread). From the image cache a load only reads memory."""
+    cached = getattr(train_set, "pixels", None) is not None
+    if cached and next(model.parameters()).device.type != "cpu":
+        return {"load": train_set.pixel_batch, "normalize": train_set.normalize, "load_reads_memory": True}
+    return {"load": train_set.batch, "normalize": None, "load_reads_memory": cached}
 
 
 def _grid_size(size) -> int:

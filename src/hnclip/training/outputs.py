@@ -102,7 +102,7 @@ def training_summary(run, state: LoopState, plan) -> dict:
             # who loaded the micro-batches (execution.loader_workers): the training thread, worker threads
             # (loads that only read the image cache) or worker processes (loads that decode)
             "loader": {"workers": execution.get("loader_workers", 0),
-                       "kind": None if run.feed is None else run.feed.kind},
+                       "kind": None if run.feed is None else run.feed.feed.kind},
             "checkpoints": run.checkpoints.summary() if run.checkpoints is not None else None}
 
 
